@@ -1,0 +1,42 @@
+# Transformers from the ground up. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export PYTHONDONTWRITEBYTECODE := 1
+JOBS ?= 2
+NB ?=
+
+.PHONY: help env lab test release check clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
+
+env: $(STAMP)  ## create .venv with the exact pins from environment.yml
+
+$(STAMP): environment.yml pyproject.toml tools/pins.py
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) tools/pins.py > $(VENV)/requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (transformers course)" > /dev/null
+	@touch $@
+
+lab: env  ## open JupyterLab on the student notebooks in course/
+	$(BIN)/jupyter lab --notebook-dir=course
+
+test: env  ## run the whole test suite (offline)
+	$(BIN)/python -m pytest -n $(JOBS) --durations=15
+
+release: env  ## regenerate course/ from solutions/ with nbgrader generate_assignment
+	$(BIN)/python -m autograder release
+
+check: env  ## grade one notebook with hidden tests: make check NB=course/04_self_attention/04_self_attention.ipynb
+	@test -n "$(NB)" || { echo "usage: make check NB=path/to/notebook.ipynb"; exit 2; }
+	$(BIN)/python -m autograder check "$(NB)"
+
+clean:  ## remove nbgrader's working folders (gradebook, submitted, autograded, feedback)
+	rm -rf autograder/work

@@ -1,0 +1,31 @@
+"""Command line: `python -m autograder check PATH [--json]` and `python -m autograder release`."""
+import argparse
+import sys
+
+from autograder.grading import check_notebook
+from autograder.release import release
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m autograder",
+                                     description="Grade and release the course's notebooks.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="grade one notebook, hidden tests included")
+    check.add_argument("path", help="the student's .ipynb")
+    check.add_argument("--json", action="store_true", help="print one JSON object (the grading contract)")
+    check.add_argument("--assignment", help="the assignment id, when the file name doesn't say it")
+    check.add_argument("--timeout", type=int, help="seconds allowed per cell")
+    commands.add_parser("release", help="regenerate course/ from solutions/")
+    args = parser.parse_args(argv)
+
+    if args.command == "release":
+        for path in release():
+            print(f"released {path}")
+        return 0
+    report = check_notebook(args.path, assignment_id=args.assignment, cell_timeout=args.timeout)
+    print(report.to_json() if args.json else report.to_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Hidden-test checks, one module per notebook. Hidden test cells call these."""

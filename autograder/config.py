@@ -1,0 +1,58 @@
+"""The course's nbgrader configuration: one source for `nbgrader_config.py` and the Python API.
+
+Layout: solutions/<id>/<id>.ipynb (nbgrader source) -> course/<id>/<id>.ipynb (release).
+nbgrader's working folders (gradebook, submitted, autograded, feedback) live in autograder/work/,
+which git ignores.
+"""
+import pathlib
+
+from traitlets.config import Config
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+SOLUTIONS_DIR = REPO_ROOT / "solutions"
+COURSE_DIR = REPO_ROOT / "course"
+WORK_DIR = REPO_ROOT / "autograder" / "work"
+COURSE_ID = "transformers-from-the-ground-up"
+
+# A cell that runs longer than this is interrupted and the rest of the notebook still runs.
+CELL_TIMEOUT_SECONDS = 60
+
+
+def assignment_ids():
+    """The assignments, one per source notebook, in course order."""
+    return sorted(p.name for p in SOLUTIONS_DIR.iterdir()
+                  if p.is_dir() and (p / f"{p.name}.ipynb").exists())
+
+
+def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, work=WORK_DIR):
+    """A traitlets Config for nbgrader. Paths may point elsewhere (tests grade in temp folders)."""
+    work = pathlib.Path(work)
+    c = Config()
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.source_directory = str(source)
+    c.CourseDirectory.release_directory = str(release)
+    c.CourseDirectory.submitted_directory = str(work / "submitted")
+    c.CourseDirectory.autograded_directory = str(work / "autograded")
+    c.CourseDirectory.feedback_directory = str(work / "feedback")
+    c.CourseDirectory.db_url = f"sqlite:///{work / 'gradebook.db'}"
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.bak"]
+    c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+    c.Execute.timeout = CELL_TIMEOUT_SECONDS
+    c.Execute.interrupt_on_timeout = True
+    # A deleted test cell is put back from the source, as the instructor wrote it.
+    c.OverwriteCells.add_missing_cells = True
+    # A library warning on stderr must never cost a correct answer its points (see stderr.py).
+    c.Autograde.autograde_preprocessors = autograde_preprocessors()
+    return c
+
+
+def autograde_preprocessors():
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute,
+                                        IgnorePattern, LimitOutput, SaveAutoGrades)
+
+    from autograder.stderr import KeepStderrFromFailingTests
+    return [Execute, KeepStderrFromFailingTests, IgnorePattern, ClearMetadataPreprocessor,
+            LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

@@ -1,0 +1,217 @@
+"""Grade one student notebook with nbgrader's own machinery and report the result.
+
+`check_notebook(path)` is the grading contract behind `python -m autograder check PATH --json`:
+it builds a throw-away nbgrader course in a temp folder (gradebook from `generate_assignment` on
+solutions/), puts the submission in `submitted/`, runs `autograde` (which restores test cells from
+the source by grade_id and executes the notebook), then reads scores from the gradebook and the
+teaching messages from the autograded notebook.
+"""
+import contextlib
+import dataclasses
+import json
+import logging
+import pathlib
+import re
+import tempfile
+
+import nbformat
+
+from autograder.config import SOLUTIONS_DIR, assignment_ids, nbgrader_config
+
+STUDENT_ID = "selfstudy"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclasses.dataclass
+class TestResult:
+    grade_id: str
+    score: float
+    max_score: float
+    passed: bool
+    message: str = ""
+
+
+@dataclasses.dataclass
+class Report:
+    notebook: str
+    score: float
+    max_score: float
+    tests: list
+    errors: list
+    flags: list
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    def to_table(self):
+        width = max([len(t.grade_id) for t in self.tests] + [20])
+        lines = [f"{self.notebook}: {self.score:g} / {self.max_score:g} points", ""]
+        for test in self.tests:
+            mark = "PASS" if test.passed else "FAIL"
+            lines.append(f"  {mark}  {test.grade_id:<{width}}  {test.score:g}/{test.max_score:g}")
+            if test.message:
+                lines += [f"        {line}" for line in test.message.splitlines()]
+        for title, items in (("Errors", self.errors), ("Flags for review", self.flags)):
+            if items:
+                lines += ["", f"{title}:"] + [f"  - {item}" for item in items]
+        return "\n".join(lines)
+
+
+def grade_cells(nb):
+    """(grade_id, points) of the test cells of a notebook, in order."""
+    return [(cell.metadata.nbgrader["grade_id"], float(cell.metadata.nbgrader.get("points", 0)))
+            for cell in nb.cells
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
+def source_notebook(assignment_id):
+    return nbformat.read(SOLUTIONS_DIR / assignment_id / f"{assignment_id}.ipynb", as_version=4)
+
+
+def identify_assignment(path, nb=None):
+    """Which assignment a notebook belongs to: by file name, folder name, then by its grade_ids."""
+    known = assignment_ids()
+    for candidate in (path.stem, path.parent.name):
+        if candidate in known:
+            return candidate
+    if nb is not None:
+        ids = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for cell in nb.cells}
+        overlaps = {a: len(ids & {g for g, _ in grade_cells(source_notebook(a))}) for a in known}
+        best = max(overlaps, key=overlaps.get, default=None)
+        if best and overlaps[best]:
+            return best
+    return None
+
+
+def integrity_flags(nb, source_nb):
+    """Findings about test cells that were deleted, duplicated or edited (all restored from source)."""
+    source_tests = {cell.metadata.nbgrader["grade_id"]: cell for cell in source_nb.cells
+                    if cell.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    seen = {}
+    for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in source_tests:
+            seen.setdefault(grade_id, []).append(cell)
+    flags = []
+    for grade_id, source_cell in source_tests.items():
+        copies = seen.get(grade_id, [])
+        if not copies:
+            flags.append(f"test cell '{grade_id}' was deleted; it was restored from the source")
+            continue
+        if len(copies) > 1:
+            flags.append(f"test cell '{grade_id}' appears {len(copies)} times; only the first is graded")
+        visible_source = _visible_part(source_cell.source)
+        if _visible_part(copies[0].source).strip() != visible_source.strip():
+            flags.append(f"test cell '{grade_id}' was edited; it was restored from the source")
+        if float(copies[0].metadata.nbgrader.get("points", -1)) != float(source_cell.metadata.nbgrader["points"]):
+            flags.append(f"test cell '{grade_id}' had its points changed; the source's points were used")
+    return flags
+
+
+def _visible_part(source):
+    """A test cell's source as released: the hidden-test region removed."""
+    return re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
+
+
+def _failure_message(cell):
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            ename, evalue = output.get("ename", "Error"), ANSI_ESCAPE.sub("", output.get("evalue", ""))
+            if ename == "NotImplementedError" and not evalue:
+                return "Not answered yet: the function still raises NotImplementedError."
+            if ename == "AssertionError" and evalue:
+                return evalue
+            if ename == "CellTimeoutError":
+                return "This test cell ran out of time: is there an infinite loop in your code?"
+            return f"{ename}: {evalue}".strip(": ")
+    return ""
+
+
+def _zero_report(assignment_id, name, source_nb, errors, flags=()):
+    tests = [TestResult(g, 0.0, p, False, "not graded: see errors") for g, p in grade_cells(source_nb)]
+    return Report(name, 0.0, sum(t.max_score for t in tests), tests, list(errors), list(flags))
+
+
+def check_notebook(path, assignment_id=None, cell_timeout=None):
+    """Grade the notebook at `path` and return a Report. Never raises on a bad submission."""
+    path = pathlib.Path(path)
+    errors = []
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError:
+        nb, errors = None, [f"no notebook at {path}"]
+    except Exception as error:  # unreadable JSON, truncated file, wrong schema...
+        nb, errors = None, [f"unreadable notebook {path.name}: {type(error).__name__}: {error}"]
+
+    assignment_id = assignment_id or identify_assignment(path, nb)
+    if assignment_id is None:
+        errors.append(f"cannot tell which assignment {path.name} belongs to; "
+                      f"expected one of: {', '.join(assignment_ids())}")
+        return Report(path.stem, 0.0, 0.0, [], errors, [])
+    source_nb = source_notebook(assignment_id)
+    if nb is None:
+        return _zero_report(assignment_id, assignment_id, source_nb, errors)
+
+    flags = integrity_flags(nb, source_nb)
+    with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
+        work = pathlib.Path(tmp)
+        autograded_nb, grades, run_errors = _autograde(nb, assignment_id, work, cell_timeout)
+    errors += run_errors
+    if grades is None:
+        return _zero_report(assignment_id, assignment_id, source_nb, errors, flags)
+
+    cells_by_id = {}
+    for cell in (autograded_nb.cells if autograded_nb else []):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        cells_by_id.setdefault(grade_id, cell)
+    tests = []
+    for grade_id, max_score in grade_cells(source_nb):
+        score = grades.get(grade_id, 0.0)
+        passed = score >= max_score
+        message = "" if passed else (_failure_message(cells_by_id.get(grade_id, {}))
+                                     or "this test did not run")
+        tests.append(TestResult(grade_id, score, max_score, passed, message))
+    return Report(assignment_id, sum(t.score for t in tests), sum(t.max_score for t in tests),
+                  tests, errors, flags)
+
+
+def _autograde(nb, assignment_id, work, cell_timeout):
+    """Run nbgrader generate_assignment + autograde in `work`. Returns (notebook, grades, errors)."""
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    config = nbgrader_config(root=work, release=work / "release", work=work)
+    if cell_timeout is not None:
+        config.Execute.timeout = int(cell_timeout)
+    config.NbGraderAPI.log_level = logging.ERROR
+    coursedir = CourseDirectory(config=config)
+    with contextlib.redirect_stdout(None):
+        api = NbGraderAPI(coursedir=coursedir, config=config)
+        generated = api.generate_assignment(assignment_id)
+    if not generated["success"]:
+        return None, None, [f"could not build the gradebook for {assignment_id}: {generated.get('error')}"]
+
+    submitted = work / "submitted" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
+    submitted.parent.mkdir(parents=True)
+    nbformat.write(nb, submitted)
+    result = api.autograde(assignment_id, STUDENT_ID)
+    errors = [] if result["success"] else [_autograde_error(result)]
+
+    autograded_path = work / "autograded" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
+    autograded_nb = nbformat.read(autograded_path, as_version=4) if autograded_path.exists() else None
+    if not result["success"]:
+        return autograded_nb, None, errors
+    with Gradebook(coursedir.db_url, coursedir.course_id) as gradebook:
+        submission = gradebook.find_submission_notebook(assignment_id, assignment_id, STUDENT_ID)
+        grades = {grade.name: float(grade.score) for grade in submission.grades}
+    return autograded_nb, grades, errors
+
+
+def _autograde_error(result):
+    text = result.get("error", "") + result.get("log", "")
+    if "DeadKernelError" in text or "Kernel died" in text:
+        return "the kernel died while running the notebook (a crash, os._exit or running out of memory)"
+    last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["unknown error"]
+    return f"nbgrader autograde failed: {last[0]}"

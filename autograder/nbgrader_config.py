@@ -1,0 +1,6 @@
+# nbgrader's command line reads this file: run nbgrader from this folder (autograder/) or pass
+# --config autograder/nbgrader_config.py. The settings themselves live in autograder/config.py.
+from autograder.config import nbgrader_config
+
+c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
+c.merge(nbgrader_config())
