@@ -36,6 +36,8 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     c.CourseDirectory.autograded_directory = str(work / "autograded")
     c.CourseDirectory.feedback_directory = str(work / "feedback")
     c.CourseDirectory.db_url = f"sqlite:///{work / 'gradebook.db'}"
+    (work / "exchange").mkdir(parents=True, exist_ok=True)
+    c.Exchange.root = str(work / "exchange")  # unused (no JupyterHub exchange), but must be writable
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.bak"]
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

@@ -10,9 +10,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 import re
+import sys
 import tempfile
+import warnings
 
 import nbformat
 
@@ -108,6 +111,21 @@ def integrity_flags(nb, source_nb):
     return flags
 
 
+def drop_duplicate_grade_ids(nb):
+    """Later copies of a cell with an nbgrader grade_id become ordinary cells (nbgrader would crash)."""
+    seen = set()
+    for index, cell in enumerate(nb.cells):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id is None:
+            continue
+        if grade_id in seen:
+            del cell.metadata["nbgrader"]
+            cell.metadata.pop("deletable", None)
+            cell.metadata.pop("editable", None)
+            cell["id"] = f"duplicate-{index}"
+        seen.add(grade_id)
+
+
 def _visible_part(source):
     """A test cell's source as released: the hidden-test region removed."""
     return re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
@@ -154,9 +172,8 @@ def check_notebook(path, assignment_id=None, cell_timeout=None):
         return _zero_report(assignment_id, assignment_id, source_nb, errors)
 
     flags = integrity_flags(nb, source_nb)
-    with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
-        work = pathlib.Path(tmp)
-        autograded_nb, grades, run_errors = _autograde(nb, assignment_id, work, cell_timeout)
+    drop_duplicate_grade_ids(nb)
+    autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout)
     errors += run_errors
     if grades is None:
         return _zero_report(assignment_id, assignment_id, source_nb, errors, flags)
@@ -176,8 +193,16 @@ def check_notebook(path, assignment_id=None, cell_timeout=None):
                   tests, errors, flags)
 
 
+def autograde(nb, assignment_id, cell_timeout=None):
+    """nbgrader generate_assignment + autograde of `nb` in a throw-away course folder.
+
+    Returns (the autograded notebook or None, {grade_id: score} or None, [errors]).
+    """
+    with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
+        return _autograde(nb, assignment_id, pathlib.Path(tmp), cell_timeout)
+
+
 def _autograde(nb, assignment_id, work, cell_timeout):
-    """Run nbgrader generate_assignment + autograde in `work`. Returns (notebook, grades, errors)."""
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
@@ -196,8 +221,9 @@ def _autograde(nb, assignment_id, work, cell_timeout):
     submitted = work / "submitted" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
     submitted.parent.mkdir(parents=True)
     nbformat.write(nb, submitted)
-    result = api.autograde(assignment_id, STUDENT_ID)
-    errors = [] if result["success"] else [_autograde_error(result)]
+    with _kernel_stderr_to(work / "kernel-stderr.log") as kernel_log:
+        result = api.autograde(assignment_id, STUDENT_ID)
+    errors = [] if result["success"] else [_autograde_error(result, kernel_log.read_text())]
 
     autograded_path = work / "autograded" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
     autograded_nb = nbformat.read(autograded_path, as_version=4) if autograded_path.exists() else None
@@ -209,8 +235,24 @@ def _autograde(nb, assignment_id, work, cell_timeout):
     return autograded_nb, grades, errors
 
 
-def _autograde_error(result):
-    text = result.get("error", "") + result.get("log", "")
+@contextlib.contextmanager
+def _kernel_stderr_to(log_path):
+    """Send stderr (the kernel inherits it) and library warnings to a log while grading."""
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with open(log_path, "w+") as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. SQLAlchemy's SAWarning from inside nbgrader
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log_path
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+
+
+def _autograde_error(result, kernel_stderr=""):
+    text = result.get("error", "") + result.get("log", "") + kernel_stderr
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died while running the notebook (a crash, os._exit or running out of memory)"
     last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["unknown error"]

@@ -21,7 +21,7 @@ def check_shape(x, expected, name="tensor", hint=""):
         raise AssertionError(f"{name}'s shape {found} != expected shape {tuple(expected)}. {hint}".rstrip())
 
 
-def check_close(actual, expected, name="result", hint="", rtol=1e-5, atol=1e-6):
+def check_close(actual, expected, name="result", hint="", rtol=1e-4, atol=1e-5):
     """Fail with the largest difference, where it is, and the hint that names the likely mistake."""
     actual_np = np.asarray(actual.detach().cpu() if torch.is_tensor(actual) else actual, dtype=float)
     expected_np = np.asarray(expected.detach().cpu() if torch.is_tensor(expected) else expected, dtype=float)

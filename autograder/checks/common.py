@@ -38,16 +38,21 @@ def quiet():
 @contextlib.contextmanager
 def reference_globals(fn, **replacements):
     """Temporarily replace names the student's function looks up in its module globals."""
-    namespace = getattr(fn, "__globals__", {})
+    namespace = getattr(fn, "__globals__", None)
+    if namespace is None:
+        yield
+        return
     missing = object()
-    saved = {name: namespace.get(name, missing) for name in replacements if name in namespace}
+    saved = {name: namespace.get(name, missing) for name in replacements}
     try:
-        for name in saved:
-            namespace[name] = replacements[name]
+        namespace.update(replacements)
         yield
     finally:
         for name, value in saved.items():
-            namespace[name] = value
+            if value is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
 
 
 @contextlib.contextmanager

@@ -1,0 +1,127 @@
+"""The grading contract of `python -m autograder check PATH --json`, and bad input handled cleanly."""
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from autograder.config import REPO_ROOT
+from autograder.grading import check_notebook
+from autograder.tests.conftest import released_path, scores_by_test, solution_path, student_notebook
+from autograder.tests.variants import self_attention as variants
+
+EXEMPLAR = "04_self_attention"
+EXEMPLAR_POINTS = 14.0
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_json_is_one_object_with_the_contract_keys():
+    result = run_cli("check", str(released_path(EXEMPLAR).relative_to(REPO_ROOT)), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert list(report) == ["notebook", "score", "max_score", "tests", "errors", "flags"]
+    assert report["notebook"] == EXEMPLAR and report["score"] == 0.0 and report["max_score"] == EXEMPLAR_POINTS
+    for test in report["tests"]:
+        assert list(test) == ["grade_id", "score", "max_score", "passed", "message"]
+        assert test["passed"] is False and "NotImplementedError" in test["message"]
+
+
+def test_cli_table_is_readable():
+    result = run_cli("check", str(solution_path(EXEMPLAR)))
+    assert result.returncode == 0, result.stderr
+    assert f"{EXEMPLAR}: 14 / 14 points" in result.stdout
+    assert "PASS  sdpa_mask" in result.stdout
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"{\"cells\": 3}", "truncated"])
+def test_unreadable_notebook_is_an_error_not_a_crash(tmp_path, content):
+    if content == "truncated":
+        content = released_path(EXEMPLAR).read_bytes()[:5000]
+    path = tmp_path / f"{EXEMPLAR}.ipynb"
+    path.write_bytes(content)
+    report = check_notebook(path)
+    assert report.score == 0 and report.max_score == EXEMPLAR_POINTS
+    assert report.errors and "unreadable notebook" in report.errors[0]
+    assert all(not t.passed for t in report.tests)
+
+
+def test_missing_notebook_is_an_error(tmp_path):
+    report = check_notebook(tmp_path / f"{EXEMPLAR}.ipynb")
+    assert report.score == 0 and report.errors == [f"no notebook at {tmp_path / f'{EXEMPLAR}.ipynb'}"]
+
+
+def test_unknown_assignment_is_an_error(tmp_path):
+    path = tmp_path / "holiday_photos.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), path)
+    report = check_notebook(path)
+    assert report.score == 0 and "cannot tell which assignment" in report.errors[0]
+
+
+def test_misnamed_notebook_is_recognised_by_its_cells(grade_in_tmp):
+    report = grade_in_tmp(student_notebook(EXEMPLAR), EXEMPLAR, name="Copy of my homework (1).ipynb")
+    assert report.notebook == EXEMPLAR and report.score == EXEMPLAR_POINTS
+
+
+def without_cell(nb, grade_id):
+    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != grade_id]
+    return nb
+
+
+def cell_by_id(nb, grade_id):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def test_deleted_test_cell_is_restored_and_graded(grade_in_tmp):
+    nb = without_cell(student_notebook(EXEMPLAR), "softmax_is_stable")
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.score == EXEMPLAR_POINTS
+    assert any("softmax_is_stable" in f and "deleted" in f for f in report.flags), report.flags
+
+
+def test_deleted_test_cell_still_catches_a_wrong_answer(grade_in_tmp):
+    unstable = next(v for v in variants.MUTANTS if v.name == "softmax_unstable")
+    nb = without_cell(student_notebook(EXEMPLAR, unstable.answers), "softmax_is_stable")
+    assert not scores_by_test(grade_in_tmp(nb, EXEMPLAR))["softmax_is_stable"].passed
+
+
+def test_edited_test_cell_is_restored_from_the_source(grade_in_tmp):
+    unstable = next(v for v in variants.MUTANTS if v.name == "softmax_unstable")
+    nb = student_notebook(EXEMPLAR, unstable.answers)
+    cell_by_id(nb, "softmax_is_stable").source = "pass  # nothing to see here"
+    cell_by_id(nb, "softmax_matches_torch").metadata.nbgrader["points"] = 100
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.max_score == EXEMPLAR_POINTS, "points must come from the source, not the submission"
+    assert not scores_by_test(report)["softmax_is_stable"].passed, "an emptied test cell must not pass"
+    assert any("softmax_is_stable" in f and "edited" in f for f in report.flags), report.flags
+    assert any("points changed" in f for f in report.flags), report.flags
+
+
+def test_duplicated_test_cell_is_flagged_and_counted_once(grade_in_tmp):
+    nb = student_notebook(EXEMPLAR)
+    nb.cells.append(nbformat.from_dict(dict(cell_by_id(nb, "sdpa_mask"))))
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.score == EXEMPLAR_POINTS and report.max_score == EXEMPLAR_POINTS
+    assert any("sdpa_mask" in f and "appears 2 times" in f for f in report.flags), report.flags
+
+
+def test_infinite_loop_times_out_and_the_rest_is_graded(tmp_path):
+    nb = student_notebook(EXEMPLAR, {"self_attention_by_hand_answer": "while True:\n    pass\n"})
+    path = tmp_path / f"{EXEMPLAR}.ipynb"
+    nbformat.write(nb, path)
+    report = check_notebook(path, cell_timeout=5)
+    tests = scores_by_test(report)
+    assert not tests["self_attention_by_hand_values"].passed
+    assert "NameError" in tests["self_attention_by_hand_values"].message
+    assert report.score == EXEMPLAR_POINTS - 4, "only exercise 1 (4 points) may be lost"
+
+
+def test_kernel_crash_scores_zero_with_a_clear_reason(grade_in_tmp):
+    nb = student_notebook(EXEMPLAR, {"softmax_answer": "import os\nos._exit(1)\n"})
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.score == 0 and report.max_score == EXEMPLAR_POINTS
+    assert report.errors and "kernel died" in report.errors[0], report.errors

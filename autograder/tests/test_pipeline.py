@@ -1,0 +1,132 @@
+"""Solutions score 100%, released notebooks score 0 and still run, course/ is what release makes."""
+import filecmp
+import re
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids
+from autograder.grading import autograde, check_notebook
+from autograder.release import release
+from autograder.tests.conftest import (is_answer_cell, reference_answers, released_path,
+                                       solution_path, student_notebook)
+
+ASSIGNMENTS = assignment_ids()
+EXECUTION_BUDGET_SECONDS = 15
+
+
+def test_there_are_assignments():
+    assert "04_self_attention" in ASSIGNMENTS, f"expected the exemplar notebook among {ASSIGNMENTS}"
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_solution_scores_full_marks(assignment_id):
+    report = check_notebook(solution_path(assignment_id))
+    failed = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
+    assert not failed and not report.errors, f"solution lost points: {failed} {report.errors}"
+    assert report.score == report.max_score > 0
+    assert report.flags == [], f"a solution should raise no integrity flags: {report.flags}"
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_student_filled_release_scores_full_marks(assignment_id, grade_in_tmp):
+    """The real path: the released notebook (hidden tests stripped) with correct answers typed in."""
+    report = grade_in_tmp(student_notebook(assignment_id), assignment_id)
+    assert report.score == report.max_score, [t.message for t in report.tests if not t.passed]
+    assert report.flags == [] and report.errors == []
+
+
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_released_notebook_scores_zero_and_only_stubs_fail(assignment_id):
+    nb = nbformat.read(released_path(assignment_id), as_version=4)
+    autograded, grades, errors = autograde(nb, assignment_id)
+    assert errors == [], errors
+    assert grades and sum(grades.values()) == 0, f"the untouched release earned points: {grades}"
+    for cell in autograded.cells:
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                assert output.ename == "NotImplementedError", (
+                    f"the released notebook fails with {output.ename}: {output.evalue} in cell:\n{cell.source[:300]}")
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_solution_executes_within_budget(assignment_id, tmp_path):
+    nb = nbformat.read(solution_path(assignment_id), as_version=4)
+    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    start = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - start
+    print(f"{assignment_id} executed in {elapsed:.1f} s")
+    assert elapsed < EXECUTION_BUDGET_SECONDS, f"{assignment_id} took {elapsed:.1f} s to execute"
+
+
+def test_course_is_exactly_what_release_generates(tmp_path):
+    release(dest=tmp_path)
+    generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    committed = sorted(p.relative_to(COURSE_DIR) for p in COURSE_DIR.rglob("*") if p.is_file())
+    assert generated == committed, "course/ lists different files from a fresh release: run `make release`"
+    for relative in generated:
+        assert filecmp.cmp(tmp_path / relative, COURSE_DIR / relative, shallow=False), (
+            f"course/{relative} differs from what `make release` generates: never edit course/ by hand")
+
+
+def test_solutions_and_course_list_the_same_assignments():
+    solutions = sorted(p.name for p in SOLUTIONS_DIR.iterdir() if p.is_dir())
+    course = sorted(p.name for p in COURSE_DIR.iterdir() if p.is_dir())
+    assert solutions == course
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_no_solution_code_or_hidden_tests_in_course(assignment_id):
+    text = released_path(assignment_id).read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "autograder.checks"):
+        assert marker not in text, f"course/{assignment_id} contains '{marker}'"
+    released = nbformat.read(released_path(assignment_id), as_version=4)
+    released_code = "\n".join(cell.source for cell in released.cells)
+    solution = nbformat.read(solution_path(assignment_id), as_version=4)
+    for cell in solution.cells:
+        for region in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", cell.source, flags=re.S):
+            for line in region.splitlines():
+                if len(line.strip()) > 12:
+                    assert line.strip() not in released_code, f"solution line leaked into course/: {line.strip()}"
+
+
+@pytest.mark.parametrize("path", sorted(SOLUTIONS_DIR.glob("*/*.ipynb")) + sorted(COURSE_DIR.glob("*/*.ipynb")),
+                         ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_committed_notebooks_carry_no_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"{path.name} has outputs in a cell starting {cell.source[:60]!r}: clear outputs before committing")
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_every_exercise_has_an_answer_cell_and_graded_tests(assignment_id):
+    nb = nbformat.read(solution_path(assignment_id), as_version=4)
+    answers = [c for c in nb.cells if is_answer_cell(c)]
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert answers and tests
+    for cell in tests:
+        meta = cell.metadata.nbgrader
+        assert meta.get("locked") and meta.get("points", 0) > 0, f"{meta['grade_id']} must be locked with points"
+        assert "### BEGIN HIDDEN TESTS" in cell.source, f"{meta['grade_id']} has no hidden tests"
+        assert re.fullmatch(r"[a-z][a-z0-9_]+", meta["grade_id"]), f"grade_id {meta['grade_id']} is not meaningful"
+    assert set(reference_answers(assignment_id)) == {c.metadata.nbgrader["grade_id"] for c in answers}
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_nbgrader_validator_passes_solution_and_fails_release(assignment_id):
+    """nbgrader's Validator (behind JupyterLab's "Validate" button): an empty result means success."""
+    from nbgrader.validator import Validator
+    assert Validator().validate(str(solution_path(assignment_id))) == {}, "the solution fails validation"
+    released = Validator().validate(str(released_path(assignment_id)))
+    assert released.get("failed"), "the untouched release should fail its visible tests"
+    assert Validator(invert=True).validate(str(released_path(assignment_id))) == {}, (
+        "`validate --invert`: no test of the untouched release may pass")

@@ -1,0 +1,226 @@
+"""Mutants and alternative correct answers for 04_self_attention."""
+from autograder.tests.variants import Variant
+
+ASSIGNMENT = "04_self_attention"
+BY_HAND = "self_attention_by_hand_answer"
+SOFTMAX = "softmax_answer"
+SDPA = "scaled_dot_product_attention_answer"
+
+
+def by_hand(body):
+    return "def self_attention_by_hand(X, W_Q, W_K, W_V):\n" + body
+
+
+def softmax(body):
+    return "def softmax(x, dim=-1):\n" + body
+
+
+def sdpa(body):
+    return "def scaled_dot_product_attention(q, k, v, mask=None):\n" + body
+
+
+STABLE_NUMPY_SOFTMAX = """
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    S = np.exp(scores) / np.exp(scores).sum(axis=-1, keepdims=True)
+"""
+
+MUTANTS = [
+    # ---- self_attention_by_hand
+    Variant("by_hand_no_sqrt_scaling", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T""" + STABLE_NUMPY_SOFTMAX + """
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_values",), message="√d_k"),
+    Variant("by_hand_softmax_over_columns", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T / np.sqrt(K.shape[1])
+    scores = scores - scores.max(axis=0, keepdims=True)
+    S = np.exp(scores) / np.exp(scores).sum(axis=0, keepdims=True)
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_values",), message="axis=1"),
+    Variant("by_hand_unstable_softmax", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T / np.sqrt(K.shape[1])
+    S = np.exp(scores) / np.exp(scores).sum(axis=1, keepdims=True)
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_is_stable",), message="overflow"),
+    Variant("by_hand_scaled_by_width_of_X", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T / np.sqrt(X.shape[1])""" + STABLE_NUMPY_SOFTMAX + """
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_values",), message="width of Q and K"),
+    Variant("by_hand_scaled_by_d_not_sqrt_d", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T / K.shape[1]""" + STABLE_NUMPY_SOFTMAX + """
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_values",), message="√d_k"),
+    Variant("by_hand_weights_before_softmax", {BY_HAND: by_hand("""
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    S = Q @ K.T / np.sqrt(K.shape[1])
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_values", "self_attention_by_hand_is_stable"), message="sum to 1"),
+    # Hard-coding the visible worked example must earn nothing: every test has hidden random inputs.
+    Variant("by_hand_hard_coded_worked_example", {BY_HAND: by_hand("""
+    Q = np.array([[3, 1, 5, 4], [4, 5, 3, 2], [2, 4, 0, 0]])
+    K = np.array([[1, 0, 0, 1], [6, 2, 4, 1], [5, 2, 4, 0]])
+    V = np.array([[0, 6, 3, 0], [1, 6, 4, 4], [1, 2, 2, 4]])
+    S = np.array([[8.96667933e-09, 9.70687761e-01, 2.93122305e-02],
+                  [7.22295087e-10, 9.52574126e-01, 4.74258731e-02],
+                  [9.02116571e-05, 7.30992629e-01, 2.68917160e-01]])
+    return Q, K, V, S, S @ V
+""")}, loses=("self_attention_by_hand_shapes", "self_attention_by_hand_values",
+              "self_attention_by_hand_is_stable"), message="shape"),
+    # ---- softmax
+    Variant("softmax_unstable", {SOFTMAX: softmax("""
+    return torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True)
+""")}, loses=("softmax_is_stable",), message="overflow"),
+    Variant("softmax_ignores_dim", {SOFTMAX: softmax("""
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    return torch.exp(shifted) / torch.exp(shifted).sum(dim=-1, keepdim=True)
+""")}, loses=("softmax_respects_dim",), message="along dim"),
+    Variant("softmax_calls_torch_softmax", {SOFTMAX: softmax("""
+    return torch.softmax(x, dim=dim)
+""")}, loses=("softmax_matches_torch",), message="oracle"),
+    Variant("softmax_modifies_input_in_place", {SOFTMAX: softmax("""
+    x -= x.amax(dim=dim, keepdim=True)
+    return torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True)
+""")}, loses=("softmax_matches_torch",), message="in place"),
+    Variant("softmax_normalises_x_not_exp", {SOFTMAX: softmax("""
+    return x / x.sum(dim=dim, keepdim=True)
+""")}, loses=("softmax_matches_torch", "softmax_is_stable"), message="Divide exp(x)"),
+    # ---- scaled_dot_product_attention
+    Variant("sdpa_no_sqrt_scaling", {SDPA: sdpa("""
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+""")}, loses=("sdpa_values_match_torch", "sdpa_mask"), message="√d_k"),
+    Variant("sdpa_softmax_over_queries", {SDPA: sdpa("""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)
+    return weights @ v, weights
+""")}, loses=("sdpa_values_match_torch", "sdpa_weights_are_probabilities"), message="sum to 1"),
+    Variant("sdpa_mask_polarity_inverted", {SDPA: sdpa("""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+""")}, loses=("sdpa_mask",), message="True means"),
+    Variant("sdpa_mask_zeroed_after_softmax", {SDPA: sdpa("""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask
+    return weights @ v, weights
+""")}, loses=("sdpa_mask",), message=""),
+    Variant("sdpa_weights_before_softmax", {SDPA: sdpa("""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    return torch.softmax(scores, dim=-1) @ v, scores
+""")}, loses=("sdpa_values_match_torch", "sdpa_weights_are_probabilities"), message="sum to 1"),
+    Variant("sdpa_k_dot_T_on_batches", {SDPA: sdpa("""
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+""")}, loses=("sdpa_shapes", "sdpa_values_match_torch"), message="transpose"),
+    Variant("sdpa_transposes_batch_dims", {SDPA: sdpa("""
+    scores = q @ k.transpose(0, 1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+""")}, loses=("sdpa_shapes", "sdpa_values_match_torch"), message="transpose"),
+    Variant("sdpa_calls_the_oracle", {SDPA: sdpa("""
+    scale = 1 / math.sqrt(q.shape[-1])
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights
+""")}, loses=("sdpa_shapes", "sdpa_values_match_torch"), message="oracle"),
+]
+
+WARN_AND_PRINT = """
+    import logging, sys, warnings
+    warnings.warn("a library deprecation warning", UserWarning)
+    print("a library writing to stderr", file=sys.stderr)
+    logger = logging.getLogger("some.library")
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+    logger.warning("a library logging a warning")
+"""
+
+ALTERNATIVES = [
+    Variant("by_hand_explicit_loops", {BY_HAND: by_hand("""
+    n, d_k = X.shape[0], W_Q.shape[1]
+    Q = np.array([[sum(X[i, m] * W_Q[m, j] for m in range(X.shape[1])) for j in range(d_k)] for i in range(n)])
+    K = np.array([[sum(X[i, m] * W_K[m, j] for m in range(X.shape[1])) for j in range(d_k)] for i in range(n)])
+    V = np.array([[sum(X[i, m] * W_V[m, j] for m in range(X.shape[1])) for j in range(W_V.shape[1])]
+                  for i in range(n)])
+    S = np.zeros((n, n))
+    for i in range(n):
+        row = [sum(Q[i, c] * K[j, c] for c in range(d_k)) / d_k ** 0.5 for j in range(n)]
+        top = max(row)
+        exps = [math.exp(r - top) for r in row]
+        S[i] = [e / sum(exps) for e in exps]
+    A = np.array([[sum(S[i, j] * V[j, c] for j in range(n)) for c in range(V.shape[1])] for i in range(n)])
+    return Q, K, V, S, A
+""")}),
+    Variant("by_hand_einsum_logsumexp", {BY_HAND: by_hand("""
+    Q = np.einsum("nd,dk->nk", X, W_Q)
+    K = np.einsum("nd,dk->nk", X, W_K)
+    V = np.einsum("nd,dv->nv", X, W_V)
+    scores = np.einsum("qk,tk->qt", Q, K) / np.sqrt(Q.shape[-1])
+    top = scores.max(axis=1, keepdims=True)
+    log_norm = top + np.log(np.exp(scores - top).sum(axis=1, keepdims=True))
+    S = np.exp(scores - log_norm)
+    return Q, K, V, S, np.einsum("qt,tv->qv", S, V)
+""")}),
+    Variant("softmax_logsumexp", {SOFTMAX: softmax("""
+    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))
+""")}),
+    Variant("softmax_movedim_loop", {SOFTMAX: softmax("""
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    out = torch.empty_like(rows)
+    for i, row in enumerate(rows):
+        e = torch.exp(row - row.max())
+        out[i] = e / e.sum()
+    return out.reshape(moved.shape).movedim(-1, dim)
+""")}),
+    Variant("sdpa_einsum_where", {SDPA: sdpa("""
+    scores = torch.einsum("...qd,...kd->...qk", q, k) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
+    weights = softmax(scores, dim=-1)
+    return torch.einsum("...qk,...kv->...qv", weights, v), weights
+""")}),
+    Variant("sdpa_mT_additive_mask", {SDPA: sdpa("""
+    scores = torch.matmul(q, k.mT) / math.sqrt(k.size(-1))
+    if mask is not None:
+        scores = scores + torch.zeros_like(scores).masked_fill(~mask, -1e30)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v), weights
+""")}),
+    # A correct answer whose libraries warn on stderr must not lose a single point.
+    Variant("all_correct_but_noisy_on_stderr", {
+        BY_HAND: by_hand(WARN_AND_PRINT + """
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = Q @ K.T / np.sqrt(K.shape[-1])""" + STABLE_NUMPY_SOFTMAX + """
+    return Q, K, V, S, S @ V
+"""),
+        SOFTMAX: softmax(WARN_AND_PRINT + """
+    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))
+"""),
+        SDPA: sdpa(WARN_AND_PRINT + """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+""")}),
+]
