@@ -15,11 +15,12 @@ def main(argv=None):
     check.add_argument("--json", action="store_true", help="print one JSON object (the grading contract)")
     check.add_argument("--assignment", help="the assignment id, when the file name doesn't say it")
     check.add_argument("--timeout", type=int, help="seconds allowed per cell")
-    commands.add_parser("release", help="regenerate course/ from solutions/")
+    release_parser = commands.add_parser("release", help="regenerate course/ from solutions/")
+    release_parser.add_argument("assignments", nargs="*", help="only these assignments (default: all)")
     args = parser.parse_args(argv)
 
     if args.command == "release":
-        for path in release():
+        for path in release(only=args.assignments or None):
             print(f"released {path}")
         return 0
     report = check_notebook(args.path, assignment_id=args.assignment, cell_timeout=args.timeout)

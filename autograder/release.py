@@ -8,10 +8,11 @@ import tempfile
 from autograder.config import COURSE_DIR, REPO_ROOT, assignment_ids, nbgrader_config
 
 
-def release(dest=COURSE_DIR):
-    """Run `nbgrader generate_assignment` for every assignment, writing into `dest`.
+def release(dest=COURSE_DIR, only=None):
+    """Run `nbgrader generate_assignment` for every assignment (or those in `only`) into `dest`.
 
-    The gradebook it needs is thrown away afterwards; folders in `dest` without a source are removed.
+    The gradebook it needs is thrown away afterwards. On a full release, folders in `dest` without
+    a source are removed.
     """
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
@@ -23,10 +24,10 @@ def release(dest=COURSE_DIR):
         config.NbGraderAPI.log_level = logging.ERROR
         with contextlib.redirect_stdout(None):
             api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-        for assignment_id in assignment_ids():
+        for assignment_id in only or assignment_ids():
             result = api.generate_assignment(assignment_id, force=True)
             if not result["success"]:
                 raise RuntimeError(f"generate_assignment {assignment_id} failed:\n{result.get('error')}")
-    for stale in sorted(set(p.name for p in dest.iterdir() if p.is_dir()) - set(assignment_ids())):
+    for stale in [] if only else sorted(set(p.name for p in dest.iterdir() if p.is_dir()) - set(assignment_ids())):
         shutil.rmtree(dest / stale)
-    return sorted(dest.glob("*/*.ipynb"))
+    return sorted(p for p in dest.glob("*/*.ipynb") if not only or p.parent.name in only)
