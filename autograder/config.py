@@ -43,6 +43,9 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     c.Execute.timeout = CELL_TIMEOUT_SECONDS
     c.Execute.interrupt_on_timeout = True
+    # After a cell's reply, nbclient waits this long for its last outputs, then fails the whole
+    # notebook; the default (4 s) is too short on a loaded grading machine.
+    c.Execute.iopub_timeout = 30
     # A deleted test cell is put back from the source, as the instructor wrote it.
     c.OverwriteCells.add_missing_cells = True
     # A library warning on stderr must never cost a correct answer its points (see stderr.py).

@@ -106,24 +106,58 @@ def integrity_flags(nb, source_nb):
         visible_source = _visible_part(source_cell.source)
         if _visible_part(copies[0].source).strip() != visible_source.strip():
             flags.append(f"test cell '{grade_id}' was edited; it was restored from the source")
-        if float(copies[0].metadata.nbgrader.get("points", -1)) != float(source_cell.metadata.nbgrader["points"]):
+        if str(copies[0].metadata.nbgrader.get("points")) != str(source_cell.metadata.nbgrader["points"]):
             flags.append(f"test cell '{grade_id}' had its points changed; the source's points were used")
+    flags += tampering_flags(nb, source_tests)
     return flags
 
 
-def drop_duplicate_grade_ids(nb):
-    """Later copies of a cell with an nbgrader grade_id become ordinary cells (nbgrader would crash)."""
-    seen = set()
+# Code a student has no reason to write: reaching into the grader, or rebinding library functions
+# the tests rely on. A match is a flag for a person to review, not a verdict.
+TAMPERING_PATTERNS = [
+    (re.compile(r"\bautograder\b"), "refers to the autograder package"),
+    (re.compile(r"\b(torch|np|numpy|math|F)\.[\w.]+\s*=[^=]"), "assigns to a library attribute"),
+    (re.compile(r"\bbuiltins\b|__builtins__"), "touches builtins"),
+    (re.compile(r"\bsys\.modules\b|\bsetattr\s*\((torch|np|numpy|math|F)\b"), "rebinds modules"),
+]
+
+
+def tampering_flags(nb, source_tests):
+    flags = []
     for index, cell in enumerate(nb.cells):
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if grade_id is None:
+        if cell.get("cell_type") != "code" or grade_id in source_tests:
+            continue  # test cells are replaced by the source's anyway
+        for pattern, what in TAMPERING_PATTERNS:
+            match = pattern.search(cell.get("source", ""))
+            if match:
+                where = f"answer cell '{grade_id}'" if grade_id else f"cell {index + 1}"
+                flags.append(f"{where} {what}: `{match.group(0).strip()}` (review by hand)")
+    return flags
+
+
+def sanitize(nb, source_nb):
+    """Make nbgrader's metadata trustworthy before nbgrader reads it (it crashes on some edits).
+
+    A cell whose grade_id the source knows gets the source's nbgrader metadata back (points, lock,
+    type); later copies of a grade_id and grade_ids the source doesn't know become ordinary cells.
+    """
+    source_meta = {cell.metadata.nbgrader["grade_id"]: cell.metadata.nbgrader for cell in source_nb.cells
+                   if "grade_id" in cell.get("metadata", {}).get("nbgrader", {})}
+    seen = set()
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
             continue
-        if grade_id in seen:
-            del cell.metadata["nbgrader"]
-            cell.metadata.pop("deletable", None)
-            cell.metadata.pop("editable", None)
-            cell["id"] = f"duplicate-{index}"
-        seen.add(grade_id)
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
+        if grade_id in source_meta and grade_id not in seen:
+            cell.metadata["nbgrader"] = nbformat.from_dict(dict(source_meta[grade_id]))
+            seen.add(grade_id)
+            continue
+        del cell.metadata["nbgrader"]
+        cell.metadata.pop("deletable", None)
+        cell.metadata.pop("editable", None)
+        cell["id"] = f"ungraded-{index}"
 
 
 def _visible_part(source):
@@ -171,9 +205,13 @@ def check_notebook(path, assignment_id=None, cell_timeout=None):
     if nb is None:
         return _zero_report(assignment_id, assignment_id, source_nb, errors)
 
-    flags = integrity_flags(nb, source_nb)
-    drop_duplicate_grade_ids(nb)
-    autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout)
+    try:
+        flags = integrity_flags(nb, source_nb)
+        sanitize(nb, source_nb)
+        autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout)
+    except Exception as error:  # a submission must never crash the grader
+        return _zero_report(assignment_id, assignment_id, source_nb,
+                            errors + [f"could not grade {path.name}: {type(error).__name__}: {error}"])
     errors += run_errors
     if grades is None:
         return _zero_report(assignment_id, assignment_id, source_nb, errors, flags)

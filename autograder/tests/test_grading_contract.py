@@ -113,7 +113,7 @@ def test_infinite_loop_times_out_and_the_rest_is_graded(tmp_path):
     nb = student_notebook(EXEMPLAR, {"self_attention_by_hand_answer": "while True:\n    pass\n"})
     path = tmp_path / f"{EXEMPLAR}.ipynb"
     nbformat.write(nb, path)
-    report = check_notebook(path, cell_timeout=5)
+    report = check_notebook(path, cell_timeout=20)  # room for a slow `import torch`
     tests = scores_by_test(report)
     assert not tests["self_attention_by_hand_values"].passed
     assert "NameError" in tests["self_attention_by_hand_values"].message
@@ -125,3 +125,21 @@ def test_kernel_crash_scores_zero_with_a_clear_reason(grade_in_tmp):
     report = grade_in_tmp(nb, EXEMPLAR)
     assert report.score == 0 and report.max_score == EXEMPLAR_POINTS
     assert report.errors and "kernel died" in report.errors[0], report.errors
+
+
+def test_tampering_is_flagged_for_review(grade_in_tmp):
+    nb = student_notebook(EXEMPLAR, {"softmax_answer": (
+        "import torch\nimport autograder.checks.common as grader\n"
+        "grader.expect_close = lambda *args, **kwargs: None\ntorch.allclose = lambda *args, **kwargs: True\n"
+        "def softmax(x, dim=-1):\n    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))\n")})
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert any("autograder" in f for f in report.flags), report.flags
+    assert any("assigns to a library attribute" in f for f in report.flags), report.flags
+
+
+def test_malformed_cell_metadata_is_graded_not_crashed(grade_in_tmp):
+    nb = student_notebook(EXEMPLAR)
+    cell_by_id(nb, "sdpa_mask").metadata.nbgrader["points"] = "lots"
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.max_score == EXEMPLAR_POINTS and report.score == EXEMPLAR_POINTS, report.errors
+    assert any("points changed" in f for f in report.flags)
