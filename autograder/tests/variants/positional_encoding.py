@@ -1,0 +1,307 @@
+"""Mutants and alternative correct answers for 03_positional_encoding."""
+from autograder.tests.variants import Variant
+
+ASSIGNMENT = "03_positional_encoding"
+PE = "sinusoidal_positional_encoding_answer"
+SHIFT = "relative_shift_matrix_answer"
+LEARNED = "learned_positional_embedding_answer"
+
+
+def pe(body):
+    return "def sinusoidal_positional_encoding(num_positions, d_model, base=10000.0):\n" + body
+
+
+def shift(body):
+    return "def relative_shift_matrix(k, d_model, base=10000.0):\n" + body
+
+
+def learned(init_body, forward_body, base_class="nn.Module"):
+    return (f"class LearnedPositionalEmbedding({base_class}):\n"
+            "    def __init__(self, max_positions, d_model):\n" + init_body +
+            "\n    def forward(self, ids_or_length):\n" + forward_body)
+
+
+ODD_CHECK = """
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+"""
+
+# The pieces of a correct encoding, reused so that each mutant differs from it by one bug.
+ANGLES = """
+    t = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    angles = t * base ** (-2 * torch.arange(d_model // 2, dtype=torch.float32) / d_model)
+"""
+INTERLEAVE = """
+    out = torch.zeros(num_positions, d_model)
+    out[:, 0::2], out[:, 1::2] = torch.sin(angles), torch.cos(angles)
+"""
+
+# Rows of M for a row vector [sin, cos]: new sin = sin·c + cos·s, new cos = cos·c - sin·s.
+BLOCKS = """
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        angle = k * base ** (-2 * i / d_model)
+        c, s = math.cos(angle), math.sin(angle)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
+"""
+
+LEARNED_INIT = """        super().__init__()
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, d_model)
+"""
+
+
+LENGTH = "ids_or_length if isinstance(ids_or_length, int) else ids_or_length.shape[-1]"
+
+
+LEARNED_TAIL = """        rows = self.table(torch.arange(T))
+        return rows if isinstance(ids_or_length, int) else rows.expand(ids_or_length.shape[0], T, -1)
+"""
+LENGTH_CHECK = """        if T > self.max_positions:
+            raise ValueError(f"length {T} > max_positions={self.max_positions}")
+"""
+
+MUTANTS = [
+    # ---- sinusoidal_positional_encoding
+    Variant("pe_sin_cos_swapped", {PE: pe(ODD_CHECK + ANGLES + """
+    out = torch.zeros(num_positions, d_model)
+    out[:, 0::2], out[:, 1::2] = torch.cos(angles), torch.sin(angles)
+    return out
+""")}, loses=("sinusoidal_values", "sinusoidal_base"), message="swapped"),
+    Variant("pe_exponent_i_over_d", {PE: pe(ODD_CHECK + """
+    t = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    angles = t * base ** (-torch.arange(d_model // 2, dtype=torch.float32) / d_model)
+""" + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_values", "sinusoidal_base"), message="2i/d_model"),
+    # Reading "i" as the column index: the cosine column gets an exponent of its own.
+    Variant("pe_cos_uses_its_own_column_index", {PE: pe(ODD_CHECK + """
+    t = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    angles = t * base ** (-torch.arange(d_model, dtype=torch.float32) / d_model)
+    out = torch.zeros(num_positions, d_model)
+    out[:, 0::2], out[:, 1::2] = torch.sin(angles[:, 0::2]), torch.cos(angles[:, 1::2])
+    return out
+""")}, loses=("sinusoidal_values", "sinusoidal_base"), message="shares one frequency"),
+    Variant("pe_positions_vs_dimensions_transposed", {PE: pe(ODD_CHECK + ANGLES + INTERLEAVE + """
+    return out.T
+""")}, loses=("sinusoidal_shape", "sinusoidal_values"), message="transposed"),
+    Variant("pe_sin_and_cos_in_halves", {PE: pe(ODD_CHECK + ANGLES + """
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+""")}, loses=("sinusoidal_values", "sinusoidal_base"), message="interleaved"),
+    Variant("pe_base_ignored", {PE: pe(ODD_CHECK + """
+    t = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    angles = t * 10000.0 ** (-2 * torch.arange(d_model // 2, dtype=torch.float32) / d_model)
+""" + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_base",), message="base"),
+    Variant("pe_positions_start_at_1", {PE: pe(ODD_CHECK + """
+    t = torch.arange(1, num_positions + 1, dtype=torch.float32)[:, None]
+    angles = t * base ** (-2 * torch.arange(d_model // 2, dtype=torch.float32) / d_model)
+""" + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_values", "sinusoidal_base"), message="start at 0"),
+    Variant("pe_no_odd_d_model_check", {PE: pe(ANGLES + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_odd_d_model",), message="ValueError"),
+    Variant("pe_odd_check_with_vague_message", {PE: pe("""
+    if d_model % 2:
+        raise ValueError("bad size")
+""" + ANGLES + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_odd_d_model",), message="must be even"),
+    Variant("pe_float64_from_numpy", {PE: "import numpy as np\n\n" + pe(ODD_CHECK + """
+    t = np.arange(num_positions)[:, None]
+    angles = t * base ** (-2 * np.arange(d_model // 2) / d_model)
+    out = np.zeros((num_positions, d_model))
+    out[:, 0::2], out[:, 1::2] = np.sin(angles), np.cos(angles)
+    return torch.from_numpy(out)
+""")}, loses=("sinusoidal_shape",), message="float32"),
+    # Hard-coding the visible examples must earn nothing: the hidden tests use other sizes.
+    Variant("pe_hard_coded_visible_answer", {PE: pe(ODD_CHECK + """
+    if base != 10000.0:
+        return torch.tensor([[0.0, 1.0, 0.0, 1.0]] * 5 + [[math.sin(5), math.cos(5), math.sin(0.5), math.cos(0.5)]] * 3)
+    omega = [10000 ** (-2 * i / 6) for i in range(3)]
+    rows = [[f(t * w) for w in omega for f in (math.sin, math.cos)] for t in range(10)]
+    return torch.tensor(rows)
+""")}, loses=("sinusoidal_shape", "sinusoidal_values", "sinusoidal_base"), message="shape"),
+    # ---- relative_shift_matrix
+    Variant("shift_rotation_with_the_wrong_sign", {SHIFT: shift("""
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        angle = k * base ** (-2 * i / d_model)
+        c, s = math.cos(angle), math.sin(angle)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
+    return M.float()
+""")}, loses=("relative_shift_moves_positions",), message="backwards"),
+    # The textbook rotation for column vectors (M @ x), used on row vectors: the same bug, other code.
+    Variant("shift_built_for_column_vectors", {SHIFT: shift(BLOCKS + """
+    return M.T.float()
+""")}, loses=("relative_shift_moves_positions",), message="column vectors"),
+    Variant("shift_exponent_i_over_d", {SHIFT: shift("""
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        angle = k * base ** (-i / d_model)
+        c, s = math.cos(angle), math.sin(angle)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
+    return M.float()
+""")}, loses=("relative_shift_moves_positions",), message="2i/d_model"),
+    Variant("shift_base_ignored", {SHIFT: shift("""
+    base = 10000.0
+""" + BLOCKS + """
+    return M.float()
+""")}, loses=("relative_shift_moves_positions",), message="base"),
+    Variant("shift_ignores_k", {SHIFT: shift("""
+    return torch.eye(d_model)
+""")}, loses=("relative_shift_moves_positions",), message="rotate each pair"),
+    Variant("shift_float64", {SHIFT: shift(BLOCKS + """
+    return M
+""")}, loses=("relative_shift_shape",), message="float32"),
+    Variant("shift_hard_coded_visible_answer", {SHIFT: shift("""
+    c, s = math.cos(k), math.sin(k)
+    return torch.tensor([[c, -s], [s, c]])
+""")}, loses=("relative_shift_shape", "relative_shift_moves_positions", "relative_shift_is_rotation"),
+        message="shape"),
+    # ---- LearnedPositionalEmbedding
+    Variant("learned_no_length_check", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
+""" + LEARNED_TAIL)}, loses=("learned_length_limit",), message="IndexError"),
+    Variant("learned_slicing_truncates_silently", {LEARNED: learned("""        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model))
+""", f"""        T = {LENGTH}
+        rows = self.weight[:T]
+        return rows if isinstance(ids_or_length, int) else rows.expand(ids_or_length.shape[0], -1, -1)
+""")}, loses=("learned_length_limit",), message="instead of raising"),
+    Variant("learned_off_by_one_limit", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
+        if T >= self.max_positions:
+            raise ValueError(f"length {{T}} > max_positions={{self.max_positions}}")
+""" + LEARNED_TAIL)}, loses=("learned_length_limit",), message="not T >= max_positions"),
+    Variant("learned_vague_error", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
+        if T > self.max_positions:
+            raise ValueError("sequence too long")
+""" + LEARNED_TAIL)}, loses=("learned_length_limit",), message="give the length"),
+    Variant("learned_looks_up_token_ids", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
+""" + LENGTH_CHECK + """        if isinstance(ids_or_length, int):
+            return self.table(torch.arange(T))
+        return self.table(ids_or_length)
+""")}, loses=("learned_values",), message="token ids"),
+    Variant("learned_table_is_a_plain_tensor", {LEARNED: learned("""        super().__init__()
+        self.max_positions = max_positions
+        self.weight = torch.randn(max_positions, d_model)
+""", f"""        T = {LENGTH}
+""" + LENGTH_CHECK + """        rows = self.weight[:T]
+        return rows if isinstance(ids_or_length, int) else rows.expand(ids_or_length.shape[0], T, -1)
+""")}, loses=("learned_values", "learned_is_trainable"), message="nn.Parameter"),
+    Variant("learned_table_frozen", {LEARNED: learned("""        super().__init__()
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, d_model)
+        self.table.weight.requires_grad_(False)
+""", f"""        T = {LENGTH}
+""" + LENGTH_CHECK + LEARNED_TAIL)}, loses=("learned_is_trainable",), message="requires_grad"),
+    Variant("learned_no_batch_dimension", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
+""" + LENGTH_CHECK + """        return self.table(torch.arange(T))
+""")}, loses=("learned_shapes",), message="(B, T, d_model)"),
+    # Hard-coding the visible sizes (16 positions, 8 dimensions) must earn nothing.
+    Variant("learned_hard_coded_visible_sizes", {LEARNED: learned("""        super().__init__()
+        self.table = nn.Embedding(16, 8)
+""", f"""        T = {LENGTH}
+        if T > 16:
+            raise ValueError(f"length {{T}} > max_positions=16")
+""" + LEARNED_TAIL)}, loses=("learned_shapes", "learned_values", "learned_is_trainable", "learned_length_limit"),
+        message="shape"),
+]
+
+WARN_AND_PRINT = """
+    import logging, sys, warnings
+    warnings.warn("a library deprecation warning", UserWarning)
+    print("a library writing to stderr", file=sys.stderr)
+    logger = logging.getLogger("some.library")
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+    logger.warning("a library logging a warning")
+"""
+
+ALTERNATIVES = [
+    # ---- sinusoidal_positional_encoding
+    Variant("pe_explicit_loops", {PE: pe("""
+    if d_model % 2 == 1:
+        raise ValueError("d_model must be even, but it is %d" % d_model)
+    rows = []
+    for t in range(num_positions):
+        row = []
+        for i in range(d_model // 2):
+            angle = t / base ** (2 * i / d_model)
+            row += [math.sin(angle), math.cos(angle)]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(num_positions, d_model)
+""")}),
+    Variant("pe_exp_log_stack_flatten", {PE: pe("""
+    if d_model % 2:
+        raise ValueError(f"odd d_model={d_model}: it must be even")
+    position = torch.arange(num_positions).float().unsqueeze(-1)
+    inverse_wavelength = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(base) / d_model))
+    angles = position * inverse_wavelength
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(start_dim=1)
+""")}),
+    Variant("pe_numpy_float64_then_float", {PE: "import numpy as np\n\n" + pe("""
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model={d_model} is odd; it must be even")
+    j = np.arange(d_model)
+    angles = np.arange(num_positions)[:, None] / np.power(base, 2 * (j // 2) / d_model)
+    out = np.where(j % 2 == 0, np.sin(angles), np.cos(angles))
+    return torch.from_numpy(out).float()
+""")}),
+    # ---- relative_shift_matrix
+    Variant("shift_loop_over_blocks", {SHIFT: shift(BLOCKS + """
+    return M.to(torch.float32)
+""")}),
+    Variant("shift_block_diag_of_rotations", {SHIFT: shift("""
+    frequencies = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    blocks = []
+    for angle in k * frequencies:
+        blocks.append(torch.stack([torch.stack([angle.cos(), -angle.sin()]),
+                                   torch.stack([angle.sin(), angle.cos()])]))
+    return torch.block_diag(*blocks).float()
+""")}),
+    # Derived from the encoding itself: the exact rotation of the complex number cos + i·sin.
+    Variant("shift_from_complex_rotation", {SHIFT: shift("""
+    pe = sinusoidal_positional_encoding(2, d_model, base).double()
+    omega = torch.atan2(pe[1, 0::2], pe[1, 1::2])
+    rotation = torch.polar(torch.ones_like(omega), k * omega)
+    c, s = rotation.real, rotation.imag
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    idx = torch.arange(0, d_model, 2)
+    M[idx, idx], M[idx + 1, idx + 1], M[idx + 1, idx], M[idx, idx + 1] = c, c, s, -s
+    return M.float()
+""")}),
+    # ---- LearnedPositionalEmbedding
+    Variant("learned_parameter_and_slicing", {LEARNED: learned("""        super().__init__()
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
+""", """        if isinstance(ids_or_length, int):
+            T, batch = ids_or_length, None
+        else:
+            batch, T = ids_or_length.shape
+        if T > self.max_positions:
+            raise ValueError(f"cannot embed {T} positions: max_positions is {self.max_positions}")
+        rows = self.weight[:T]
+        return rows if batch is None else rows.unsqueeze(0).repeat(batch, 1, 1)
+""")}),
+    Variant("learned_subclass_of_nn_embedding", {LEARNED: "import torch.nn.functional as F\n\n" + learned("""        super().__init__(max_positions, d_model)
+""", """        T = ids_or_length if isinstance(ids_or_length, int) else ids_or_length.size(1)
+        if T > self.num_embeddings:
+            raise ValueError("sequence length %d exceeds max_positions %d" % (T, self.num_embeddings))
+        rows = F.embedding(torch.arange(T), self.weight)
+        if isinstance(ids_or_length, int):
+            return rows
+        return rows[None].expand(len(ids_or_length), -1, -1)
+""", base_class="nn.Embedding")}),
+    # A correct answer whose libraries warn on stderr must not lose a single point.
+    Variant("all_correct_but_noisy_on_stderr", {
+        PE: pe(WARN_AND_PRINT + ODD_CHECK + ANGLES + INTERLEAVE + """
+    return out
+"""),
+        SHIFT: shift(WARN_AND_PRINT + BLOCKS + """
+    return M.float()
+"""),
+        LEARNED: learned(LEARNED_INIT, WARN_AND_PRINT.replace("\n    ", "\n        ") + f"""        T = {LENGTH}
+""" + LENGTH_CHECK + LEARNED_TAIL)}),
+]
