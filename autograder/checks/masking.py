@@ -1,0 +1,519 @@
+"""Hidden checks for 06_masking. Each function is one grade cell's hidden part.
+
+Layered as the course's tests are: shape first, then values on seeded inputs against independent
+oracles, then behaviour. The oracles are torch's and Hugging Face's own code, never a copy of the
+solution:
+- `torch.nn.Transformer.generate_square_subsequent_mask` for the causal mask,
+- the `attention_mask` of a Hugging Face `tokenizers` tokenizer with padding for the padding mask,
+- `torch.nn.functional.scaled_dot_product_attention` for masked weights (in torch 2.13 it gives a
+  fully masked row weights of zero, the contract of `masked_softmax`),
+- `torch.nn.MultiheadAttention` for cross-attention (through `attn_mask`: its `key_padding_mask`
+  check imports sympy, two seconds of the notebook's budget).
+Exercises are graded on their own: the student's other mask functions are swapped for the course's
+reference ones (`courselib.attention`) while a function runs. Seeds here are never used by the
+visible tests.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autograder.checks.common import call, expect_close, expect_shape, generator, to_numpy
+from courselib import attention as reference
+
+ORACLE_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention"]
+# While one exercise is graded, its siblings are the course's reference versions (see common.call).
+REFERENCE_HELPERS = {
+    "causal_mask": reference.causal_mask,
+    "padding_mask": reference.padding_mask,
+    "causal_padding_mask": reference.causal_padding_mask,
+    "masked_softmax": reference.masked_softmax,
+}
+VOCABULARY = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log", "and", "slept", "barked"]
+SENTENCES = ["the cat sat on the mat", "a dog ran", "", "the dog barked and the cat slept on a log", "cat"]
+
+
+# ---------------------------------------------------------------- oracles
+def oracle_causal(T):
+    """torch's own causal mask is additive (0 or -inf); 'may attend' is where it is 0."""
+    return nn.Transformer.generate_square_subsequent_mask(T) == 0
+
+
+def tokenized_batch(sentences, pad_id, direction="right"):
+    """(input_ids (B, T), attention_mask (B, T) bool) from a `tokenizers` WordLevel tokenizer."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    words = VOCABULARY + ["[UNK]"]
+    words.insert(pad_id, "[PAD]")  # the padding id is the tokenizer's choice, not always 0
+    tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    tokenizer.enable_padding(direction=direction, pad_id=pad_id, pad_token="[PAD]")
+    encodings = tokenizer.encode_batch(sentences)
+    input_ids = torch.tensor([e.ids for e in encodings])
+    attention_mask = torch.tensor([e.attention_mask for e in encodings]).bool()
+    return input_ids, attention_mask
+
+
+def oracle_weights(scores, mask):
+    """Masked softmax over the last dim by torch's kernel: scores @ I with scale 1, attending over I."""
+    T_k = scores.shape[-1]
+    identity = torch.eye(T_k, dtype=scores.dtype)
+    return F.scaled_dot_product_attention(scores, identity, identity, attn_mask=mask, scale=1.0)
+
+
+def oracle_weights_along(scores, mask, dim):
+    mask = mask.expand(scores.shape)
+    return oracle_weights(scores.movedim(dim, -1), mask.movedim(dim, -1)).movedim(-1, dim)
+
+
+def torch_cross_attention(mha, decoder_states, encoder_states, encoder_padding_mask=None):
+    """The same weights in torch.nn.MultiheadAttention, whose boolean masks mean True = ignore."""
+    d_model = mha.q_proj.weight.shape[0]
+    torch_mha = nn.MultiheadAttention(d_model, mha.num_heads, batch_first=True, dtype=decoder_states.dtype)
+    with torch.no_grad():
+        torch_mha.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        torch_mha.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
+        torch_mha.out_proj.weight.copy_(mha.out_proj.weight)
+        torch_mha.out_proj.bias.copy_(mha.out_proj.bias)
+    torch_mha.eval()
+    blocked = None
+    if encoder_padding_mask is not None:  # torch's attn_mask is (B·h, T_q, T_k) and True means "blocked"
+        B, T_q, T_k = decoder_states.shape[0], decoder_states.shape[1], encoder_states.shape[1]
+        blocked = (~encoder_padding_mask).expand(B, mha.num_heads, T_q, T_k).reshape(B * mha.num_heads, T_q, T_k)
+    with torch.no_grad():
+        return torch_mha(decoder_states, encoder_states, encoder_states, attn_mask=blocked,
+                         need_weights=True, average_attn_weights=False)
+
+
+def bool_mask(value, name, hint=""):
+    """The student's mask, checked to be a bool tensor."""
+    if not torch.is_tensor(value):
+        raise AssertionError(f"{name} should be a torch tensor, but it is a {type(value).__name__}.")
+    if value.dtype != torch.bool:
+        raise AssertionError(
+            f"{name} has dtype {value.dtype}; masks in this course are bool (True = may attend). "
+            "A float mask means something else to torch: F.scaled_dot_product_attention *adds* it to "
+            f"the scores. Compare with `==`, `!=`, `>=` or call .bool(). {hint}".strip())
+    return value
+
+
+# ---------------------------------------------------------------- exercise 1: causal_mask
+def causal_mask_diagnoses(T):
+    lower = torch.ones(T, T).tril()
+    return {
+        "the diagonal is excluded: a token may always attend to itself (the diagonal is True), "
+        "otherwise token 0 has nothing at all to look at. Use tril(), not tril(-1).": lower.tril(-1),
+        "the triangle is inverted: query t may attend to keys 0..t, the *lower* triangle. Yours lets "
+        "every token see the future (triu) and hides its past.": lower.T,
+        "your mask is True where attention is *forbidden* (the strict upper triangle). In this course, as "
+        "in F.scaled_dot_product_attention, True means 'may attend'.": 1 - lower,
+    }
+
+
+def causal_mask_values(fn):
+    for T in (3, 7, 10, 1):
+        mask = bool_mask(call(fn, T, name="causal_mask"), f"causal_mask({T})")
+        expect_shape(mask, (T, T), f"causal_mask({T})",
+                     "The mask is (T, T), one row per query, built from T; a fixed-size answer won't do.")
+        expect_close(mask, oracle_causal(T), f"causal_mask({T})", diagnoses=causal_mask_diagnoses(T))
+
+
+def _attend(q, k, v, mask, who):
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    except RuntimeError as error:
+        raise AssertionError(f"{who} could not be used as a mask for scores of shape "
+                             f"{tuple(q.shape[:-1]) + (k.shape[-2],)}: {error}") from None
+
+
+def causal_mask_no_peeking(fn):
+    """Changing the future never changes the past, and one pass equals T prefix-sized passes."""
+    T, cut = 7, 4
+    g = generator(2601)
+    q, k, v = (torch.randn(2, 3, T, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = bool_mask(call(fn, T, name="causal_mask"), f"causal_mask({T})")
+    before = _attend(q, k, v, mask, f"causal_mask({T})")
+    k2, v2 = k.clone(), v.clone()
+    k2[..., cut:, :] = torch.randn(2, 3, T - cut, 5, generator=g, dtype=torch.float64)
+    v2[..., cut:, :] = torch.randn(2, 3, T - cut, 5, generator=g, dtype=torch.float64)
+    after = _attend(q, k2, v2, mask, f"causal_mask({T})")
+    changed = (after[..., :cut, :] - before[..., :cut, :]).abs().amax(dim=(0, 1, 3))
+    if changed.max() > 1e-9:
+        position = int(torch.nonzero(changed > 1e-9)[0])
+        raise AssertionError(
+            f"Changing tokens {cut}..{T - 1} changed the output at position {position}: under your mask a "
+            "token peeks at the future. Query t may only attend to keys 0..t.")
+    first = _attend(q[..., :1, :], k[..., :1, :], v[..., :1, :], call(fn, 1, name="causal_mask"), "causal_mask(1)")
+    expect_close(first[..., 0, :], v[..., 0, :], "the output at position 0",
+                 "The first token may attend only to itself, so its output is its own value vector.")
+    for t in (3, 5):
+        prefix = _attend(q[..., :t, :], k[..., :t, :], v[..., :t, :], call(fn, t, name="causal_mask"),
+                         f"causal_mask({t})")
+        expect_close(before[..., :t, :], prefix, f"the first {t} outputs",
+                     f"One pass over {T} tokens must give the same first {t} outputs as a pass over "
+                     f"those {t} tokens alone: each position sees exactly itself and its past.")
+
+
+# ---------------------------------------------------------------- exercise 2: masked_softmax
+def _masked_softmax(fn, scores, mask, **kwargs):
+    before = scores.detach().clone()
+    result = call(fn, scores, mask, name="masked_softmax", forbidden=ORACLE_SHORTCUTS,
+                  forbidden_advice="mask and normalise the scores yourself: torch's "
+                                   "scaled_dot_product_attention is the oracle here, not the answer.",
+                  **kwargs)
+    if not torch.equal(scores.detach(), before):
+        raise AssertionError("masked_softmax changed `scores` in place (masked_fill_ or scores[~mask] = ...): "
+                             "the caller's scores must survive. Use the out-of-place masked_fill or torch.where.")
+    if not torch.is_tensor(result):
+        raise AssertionError(f"masked_softmax should return a torch tensor, but it returned {type(result).__name__}.")
+    expect_shape(result, scores.shape, "masked_softmax(scores, mask)",
+                 "The weights have the shape of the scores; the mask only broadcasts against them.")
+    return result
+
+
+def at_least_one_key(mask, dim=-1):
+    """Give every row of a random mask one allowed key, so that no row is fully masked."""
+    mask = mask.clone()
+    index = [slice(None)] * mask.dim()
+    index[dim] = 0
+    mask[tuple(index)] = True
+    return mask
+
+
+def masked_softmax_diagnoses(scores, mask):
+    allowed = mask.expand(scores.shape)
+    return {
+        "you zeroed the masked weights after the softmax: the remaining weights no longer sum to 1 and "
+        "still depend on the hidden scores. Set masked scores to -inf *before* the softmax.":
+            torch.softmax(scores, dim=-1) * allowed,
+        "you filled the masked scores with 0 instead of -inf: a score of 0 still gets weight e⁰/Σ. "
+        "Fill with float('-inf') so that the weight is exactly 0.":
+            torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1),
+        "you hid exactly the positions the mask allows: True means 'may attend'. Fill the scores where "
+        "the mask is False (masked_fill(~mask, ...)).":
+            oracle_weights(scores, ~allowed),
+    }
+
+
+def masked_softmax_values(fn):
+    """Parity with F.scaled_dot_product_attention's weights under the same boolean mask."""
+    g = generator(2602)
+    scores = torch.randn(2, 3, 5, 6, generator=g) * 2
+    rectangular_causal = torch.ones(5, 6, dtype=torch.bool).tril(1)            # (T_q, T_k)
+    padding = at_least_one_key(torch.rand(2, 1, 1, 6, generator=g) > 0.4)      # (B, 1, 1, T_k)
+    random_mask = at_least_one_key(torch.rand(2, 3, 5, 6, generator=g) > 0.5)  # (B, h, T_q, T_k)
+    for description, mask in [("a (T_q, T_k) causal-style mask", rectangular_causal),
+                              ("a (B, 1, 1, T_k) padding mask", padding),
+                              ("a (B, h, T_q, T_k) mask", random_mask)]:
+        weights = _masked_softmax(fn, scores, mask)
+        expect_close(weights, oracle_weights(scores, mask), f"masked_softmax with {description}",
+                     "Masked positions get weight exactly 0 and each row sums to 1 over the allowed keys.",
+                     diagnoses=masked_softmax_diagnoses(scores, mask))
+    # A hidden score can be anything, even far larger than every visible one (float32, as in training).
+    huge_hidden = scores.masked_fill(~random_mask, 150.0)
+    weights = _masked_softmax(fn, huge_hidden, random_mask)
+    expected = oracle_weights(huge_hidden, random_mask)
+    weights_np = to_numpy(weights, "masked_softmax")
+    if not np.allclose(np.nan_to_num(weights_np, nan=-1.0), expected.numpy(), rtol=1e-4, atol=1e-5):
+        raise AssertionError(
+            "masked_softmax is wrong when a hidden score is huge (150 where the visible ones are near 0): "
+            "normalising over all keys first lets hidden scores swallow the visible ones (e^-150 underflows "
+            "in float32), so masking or renormalising afterwards cannot recover them. Hidden scores must "
+            "never take part: set them to -inf before the softmax.")
+
+
+def masked_softmax_never_nan(fn):
+    """Fully masked rows are zeros, in the forward pass and in the gradient; huge scores stay finite."""
+    g = generator(2603)
+    scores = torch.randn(2, 4, 5, generator=g, dtype=torch.float64) * 3
+    mask = at_least_one_key(torch.rand(2, 4, 5, generator=g) > 0.5)
+    mask[1, 0] = False   # a query with nothing to attend to (a padding query under left padding)
+    mask[1, 3] = False
+    mask[0, 2] = False
+    fully_masked = ~mask.any(dim=-1)
+    weights = _masked_softmax(fn, scores, mask)
+    weights_np = to_numpy(weights, "masked_softmax")
+    if not np.all(np.isfinite(weights_np)):
+        raise AssertionError(
+            "masked_softmax returned NaN for a row where every key is masked: the softmax of a row of -inf "
+            "is 0/0. Such a row (e.g. a padding query) must come out as all zeros: replace NaN by 0 "
+            "(torch.nan_to_num) or zero the rows where mask.any(dim, keepdim=True) is False.")
+    rows = weights_np[fully_masked.numpy()]
+    if np.allclose(rows, 1.0 / scores.shape[-1], atol=1e-6):
+        raise AssertionError(
+            "a fully masked row came out uniform (1/T_k each): filling with a large negative number "
+            "(-1e9, finfo.min) instead of -inf makes every masked score equal, so the row averages keys "
+            "it may not see. A row with nothing to attend to must be all zeros.")
+    expect_close(weights, oracle_weights(scores, mask), "masked_softmax with fully masked rows",
+                 "Rows with at least one allowed key sum to 1; rows with none are all zeros.")
+
+    # Training backpropagates through these rows: one NaN gradient poisons every parameter.
+    upstream = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    leaf = scores.clone().requires_grad_(True)
+    weights = _masked_softmax(fn, leaf, mask)
+    if weights.grad_fn is None:
+        raise AssertionError("masked_softmax's output is cut off from autograd (detach, .data, NumPy?): "
+                             "a model trains through it, so keep it a differentiable torch computation.")
+    (weights * upstream).sum().backward()
+    if leaf.grad is None or not torch.isfinite(leaf.grad).all():
+        raise AssertionError(
+            "the forward pass is fine, but the gradient of masked_softmax is NaN on fully masked rows. "
+            "Adding a -inf mask (scores + mask) lets the softmax's NaN flow back into the scores; "
+            "masked_fill(~mask, -inf) or torch.where(mask, scores, -inf) gives masked scores no gradient.")
+    oracle_leaf = scores.clone().requires_grad_(True)
+    (oracle_weights(oracle_leaf, mask) * upstream).sum().backward()
+    expect_close(leaf.grad, oracle_leaf.grad, "the gradient of masked_softmax with respect to the scores")
+
+    big = 1e4 + torch.randn(3, 6, generator=g, dtype=torch.float64) * 50
+    big_mask = at_least_one_key(torch.rand(3, 6, generator=g) > 0.3)
+    weights = _masked_softmax(fn, big, big_mask)
+    if not np.all(np.isfinite(to_numpy(weights, "masked_softmax"))):
+        raise AssertionError("masked_softmax overflowed for scores around 1e4: subtract the row maximum "
+                             "before exponentiating (torch.softmax does this for you).")
+    expect_close(weights, oracle_weights(big, big_mask), "masked_softmax for scores around 1e4")
+
+
+def masked_softmax_respects_dim(fn):
+    g = generator(2604)
+    scores = torch.randn(3, 4, 5, generator=g)
+    for dim, mask in [(0, at_least_one_key(torch.rand(3, 4, 5, generator=g) > 0.5, dim=0)),
+                      (-2, at_least_one_key(torch.rand(1, 4, 5, generator=g) > 0.5, dim=-2)),
+                      (1, at_least_one_key(torch.rand(3, 4, 1, generator=g) > 0.5, dim=1))]:
+        weights = _masked_softmax(fn, scores, mask, dim=dim)
+        expect_close(weights, oracle_weights_along(scores, mask, dim), f"masked_softmax(..., dim={dim})",
+                     "Normalise along `dim` (torch.softmax(..., dim=dim)); the mask broadcasts as before.",
+                     diagnoses={"your masked_softmax ignores `dim` and always normalises the last dimension.":
+                                oracle_weights(scores, mask.expand(scores.shape))})
+
+
+# ---------------------------------------------------------------- exercise 3: padding_mask
+def padding_mask_shape(fn):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=5)            # (3, 6)
+    B, T = input_ids.shape
+    mask = bool_mask(call(fn, input_ids, 5, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+    shape = tuple(mask.shape)
+    if shape == (B, 1, T, 1):
+        raise AssertionError(
+            f"padding_mask has shape {shape}: the padding is on the query axis, so you mask queries instead "
+            "of keys. Padding must be hidden as a *key* (the last axis): (B, 1, 1, T), i.e. "
+            "mask[:, None, None, :], so every real query stops looking at it.")
+    if shape == (B, T):
+        raise AssertionError(
+            f"padding_mask has shape {shape}: (B, T) would broadcast against scores (B, h, T_q, T_k) as if B "
+            "were the queries. Add the head and query axes: (B, 1, 1, T).")
+    expect_shape(mask, (B, 1, 1, T), "padding_mask(input_ids, pad_id)",
+                 "One row per sequence, with axes for heads and queries of size 1: (B, 1, 1, T).")
+
+
+def padding_mask_values(fn):
+    for pad_id, direction, sentences in [(5, "right", SENTENCES), (0, "left", SENTENCES[::-1]),
+                                         (12, "right", SENTENCES[1:4])]:
+        input_ids, attention_mask = tokenized_batch(sentences, pad_id, direction)
+        mask = bool_mask(call(fn, input_ids, pad_id, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+        expected = attention_mask[:, None, None, :]
+        expect_shape(mask, expected.shape, "padding_mask(input_ids, pad_id)", "(B, 1, 1, T).")
+        diagnoses = {"you hid the real tokens and kept the padding: True means 'may attend' (a real token).":
+                     ~expected}
+        if pad_id != 0:
+            diagnoses["you compared with 0 instead of pad_id: the padding id is whatever the tokenizer "
+                      "uses, here " + str(pad_id) + "."] = (input_ids != 0)[:, None, None, :]
+        expect_close(mask, expected, f"padding_mask with pad_id={pad_id}, {direction} padding",
+                     "It must agree with the tokenizer's attention_mask: True at real tokens, False at padding.",
+                     diagnoses=diagnoses)
+
+
+def padding_never_changes_real_tokens(fn):
+    """Each sentence alone gives the same outputs at its real tokens as inside a padded batch."""
+    torch.manual_seed(2605)
+    mha = reference.MultiHeadAttention(8, 2).double().eval()
+    embedding = nn.Embedding(len(VOCABULARY) + 2, 8).double()  # [PAD] and [UNK] rows are random, as in a real model
+    pad_id = 4
+    for extra in (0, 3):
+        sentences = SENTENCES[:2] + SENTENCES[3:]
+        input_ids, attention_mask = tokenized_batch(sentences, pad_id, "right")
+        if extra:  # appending more padding must change nothing either
+            input_ids = F.pad(input_ids, (0, extra), value=pad_id)
+            attention_mask = F.pad(attention_mask, (0, extra), value=False)
+        mask = bool_mask(call(fn, input_ids, pad_id, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+        with torch.no_grad():
+            try:
+                batched, _ = mha(embedding(input_ids), mask=mask)
+            except RuntimeError as error:
+                raise AssertionError(f"padding_mask's result {tuple(mask.shape)} does not broadcast against the "
+                                     f"scores (B, h, T, T): {error}") from None
+            for b, length in enumerate(attention_mask.sum(dim=-1).tolist()):
+                alone, _ = mha(embedding(input_ids[b:b + 1, :length]))
+                expect_close(batched[b, :length], alone[0], f"outputs at the real tokens of sentence {b}",
+                             f"With {'more ' if extra else ''}padding appended, real tokens must give the same "
+                             "outputs as the sentence alone: padding keys (the last axis of the mask) must be "
+                             "hidden from every query.")
+
+
+# ---------------------------------------------------------------- exercise 4: causal_padding_mask
+def _causal_padding_mask(fn, input_ids, pad_id):
+    helpers = {name: REFERENCE_HELPERS[name] for name in ("causal_mask", "padding_mask")}
+    mask = call(fn, input_ids, pad_id, name="causal_padding_mask", helpers=helpers)
+    return bool_mask(mask, "causal_padding_mask(input_ids, pad_id)")
+
+
+def causal_padding_mask_shape(fn):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=3)            # (3, 6)
+    B, T = input_ids.shape
+    mask = _causal_padding_mask(fn, input_ids, 3)
+    expect_shape(mask, (B, 1, T, T), "causal_padding_mask(input_ids, pad_id)",
+                 "causal (T, T) & padding (B, 1, 1, T) broadcast to (B, 1, T, T): one (T, T) mask per sequence, "
+                 "shared by all heads.")
+
+
+def causal_padding_mask_values(fn):
+    for pad_id, direction in [(3, "right"), (7, "left")]:
+        input_ids, attention_mask = tokenized_batch(SENTENCES, pad_id, direction)
+        T = input_ids.shape[-1]
+        causal, keys = oracle_causal(T), attention_mask[:, None, None, :]
+        expected = causal & keys
+        mask = _causal_padding_mask(fn, input_ids, pad_id)
+        expect_shape(mask, expected.shape, "causal_padding_mask(input_ids, pad_id)", "(B, 1, T, T).")
+        expect_close(mask, expected, f"causal_padding_mask with {direction} padding", diagnoses={
+            "you combined the masks with | (or): a key may be attended only if it is in the past *and* is a "
+            "real token, so combine with &.": causal | keys,
+            "your padding hides padding *queries* (rows) instead of padding *keys* (columns).":
+                causal & attention_mask[:, None, :, None],
+            "your mask hides padding but not the future: add the causal part.": keys.expand(expected.shape),
+            "your mask hides the future but not the padding: add the padding part.": causal.expand(expected.shape),
+        })
+
+
+def causal_padding_mask_behaviour(fn):
+    """With the mask, a padded batch gives each real token what is_causal=True gives the sentence alone."""
+    g = generator(2606)
+    for pad_id, direction in [(2, "right"), (9, "left")]:
+        input_ids, attention_mask = tokenized_batch(SENTENCES, pad_id, direction)
+        B, T = input_ids.shape
+        q, k, v = (torch.randn(B, 2, T, 4, generator=g, dtype=torch.float64) for _ in range(3))
+        mask = _causal_padding_mask(fn, input_ids, pad_id)
+        batched = _attend(q, k, v, mask, "causal_padding_mask(input_ids, pad_id)")
+        if not torch.isfinite(batched).all():
+            raise AssertionError("attention under your mask gave NaN or inf.")
+        for b in range(B):
+            real = attention_mask[b]
+            if not real.any():
+                continue
+            alone = F.scaled_dot_product_attention(q[b:b + 1, :, real], k[b:b + 1, :, real], v[b:b + 1, :, real],
+                                                   is_causal=True)
+            expect_close(batched[b][:, real], alone[0], f"outputs at the real tokens of sentence {b} ({direction} "
+                         "padding)", "Under the combined mask each real token sees exactly the real tokens up to "
+                         "itself, as torch's is_causal=True does for the sentence alone.")
+
+
+# ---------------------------------------------------------------- exercise 5: cross_attention
+def _cross(fn, decoder_states, encoder_states, mha, encoder_padding_mask=None):
+    kwargs = {} if encoder_padding_mask is None else {"encoder_padding_mask": encoder_padding_mask}
+    with torch.no_grad():  # the checks compare numbers; no autograd graph is needed
+        result = call(fn, decoder_states, encoder_states, mha, name="cross_attention", helpers=REFERENCE_HELPERS,
+                      **kwargs)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AssertionError("cross_attention must return the pair (output, weights), as MultiHeadAttention does.")
+    return result
+
+
+class ShortNamedMultiHeadAttention(reference.MultiHeadAttention):
+    """The course's module with a one-line repr, so that error messages stay readable."""
+
+    def __repr__(self):
+        return f"MultiHeadAttention(d_model={self.q_proj.in_features}, num_heads={self.num_heads})"
+
+
+def cross_problem(seed, B, T_dec, T_enc, d_model=8, num_heads=2, lengths=None):
+    torch.manual_seed(seed)
+    mha = ShortNamedMultiHeadAttention(d_model, num_heads).double().eval()
+    g = generator(seed)
+    decoder_states = torch.randn(B, T_dec, d_model, generator=g, dtype=torch.float64)
+    encoder_states = torch.randn(B, T_enc, d_model, generator=g, dtype=torch.float64)
+    mask = None
+    if lengths is not None:
+        mask = (torch.arange(T_enc)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    return mha, decoder_states, encoder_states, mask
+
+
+SWAP_HINT = ("queries come from the decoder and keys and values from the encoder: "
+             "mha(decoder_states, encoder_states, encoder_states, ...). You swapped them.")
+
+
+def cross_attention_shapes(fn):
+    mha, dec, enc, mask = cross_problem(2607, B=2, T_dec=3, T_enc=6, lengths=[6, 4])
+    for with_mask in (None, mask):
+        output, weights = _cross(fn, dec, enc, mha, with_mask)
+        if tuple(getattr(output, "shape", ())) == (2, 6, 8):
+            raise AssertionError("cross_attention's output has shape (2, 6, 8), one row per *encoder* token: "
+                                 + SWAP_HINT)
+        expect_shape(output, (2, 3, 8), "cross_attention's output",
+                     "One output per decoder token: (B, T_dec, d_model).")
+        expect_shape(weights, (2, 2, 3, 6), "cross_attention's weights",
+                     "(B, h, T_dec, T_enc): each decoder query spreads its weight over the encoder tokens.")
+
+
+def cross_diagnoses(mha, dec, enc, mask):
+    with torch.no_grad():
+        unmasked = mha(dec, enc)[0]
+        diagnoses = {"you ignored encoder_padding_mask: decoder queries must not attend to the source's padding.":
+                     unmasked}
+        T_dec, T_enc = dec.shape[1], enc.shape[1]
+        rectangular_causal = torch.ones(T_dec, T_enc, dtype=torch.bool).tril()
+        combined = rectangular_causal if mask is None else rectangular_causal & mask
+        diagnoses["you applied a causal mask in cross-attention: the source sentence is known in full, so every "
+                  "decoder position may attend to every (real) encoder token. Only the decoder's "
+                  "self-attention is causal."] = mha(dec, enc, mask=combined)[0]
+        if T_dec == T_enc:
+            diagnoses[SWAP_HINT] = mha(enc, dec, mask=mask)[0]
+        _, weights = mha(dec, enc, mask=mask)
+        values = reference.split_heads(mha.v_proj(enc), mha.num_heads)
+        diagnoses["you skipped the output projection: return mha.out_proj(merge_heads(weights @ v)), as "
+                  "MultiHeadAttention does."] = reference.merge_heads(weights @ values)
+    return diagnoses
+
+
+def cross_attention_matches_torch(fn):
+    for seed, B, T_dec, T_enc, lengths in [(2608, 2, 4, 6, [6, 3]), (2609, 3, 5, 5, [2, 5, 4]),
+                                           (2610, 1, 2, 3, None)]:
+        mha, dec, enc, mask = cross_problem(seed, B, T_dec, T_enc, lengths=lengths)
+        output, weights = _cross(fn, dec, enc, mha, mask)
+        expected_output, expected_weights = torch_cross_attention(mha, dec, enc, mask)
+        expect_close(output, expected_output, "cross_attention's output",
+                     "The same as torch.nn.MultiheadAttention(query=decoder, key=value=encoder, key_padding_mask="
+                     "~mask) with the same weights.", diagnoses=cross_diagnoses(mha, dec, enc, mask))
+        expect_close(weights, expected_weights, "cross_attention's weights",
+                     "Return the weights of the same attention: softmax of decoder queries · encoder keys / "
+                     "√d_head, masked at the encoder's padding, (B, h, T_dec, T_enc).")
+
+
+def cross_attention_ignores_encoder_padding(fn):
+    mha, dec, enc, mask = cross_problem(2611, B=2, T_dec=4, T_enc=5, lengths=[5, 3])
+    output, _ = _cross(fn, dec, enc, mha, mask)
+    # More padding (random vectors, as real pad embeddings are) must not change any decoder output.
+    g = generator(2612)
+    padded_enc = torch.cat([enc, torch.randn(2, 3, 8, generator=g, dtype=torch.float64)], dim=1)
+    padded_mask = F.pad(mask, (0, 3), value=False)
+    padded_output, padded_weights = _cross(fn, dec, padded_enc, mha, padded_mask)
+    expect_close(padded_output, output, "decoder outputs after appending encoder padding",
+                 "Appending padding to the source must change nothing: its keys are masked for every query.")
+    if np.abs(to_numpy(padded_weights, "weights")[..., 5:]).max() > 1e-9:
+        raise AssertionError("decoder queries gave weight to encoder padding: apply encoder_padding_mask.")
+    # Decoder positions don't see each other in cross-attention: changing one changes only its own output.
+    changed_dec = dec.clone()
+    changed_dec[:, 2] = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    changed_output, _ = _cross(fn, changed_dec, enc, mha, mask)
+    others = [0, 1, 3]
+    expect_close(changed_output[:, others], output[:, others], "the other decoder positions' outputs",
+                 "In cross-attention a decoder position looks only at the encoder; changing decoder token 2 "
+                 "may change output 2 only. Did you take keys or values from the decoder?")
+    # A source made only of padding: nothing to attend to, weights all zero, no NaN.
+    empty_mask = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    empty_mask[0, ..., :2] = True
+    output, weights = _cross(fn, dec, enc, mha, empty_mask)
+    if not (torch.isfinite(output).all() and torch.isfinite(weights).all()):
+        raise AssertionError("cross_attention gave NaN for a source sentence made only of padding: its weights "
+                             "must be all zeros (masked_softmax handles fully masked rows).")
+    expect_close(weights[1], torch.zeros(2, 4, 5), "the weights for an all-padding source",
+                 "With nothing to attend to, every weight is 0.")
