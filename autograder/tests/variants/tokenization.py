@@ -1,0 +1,484 @@
+"""Mutants and alternative correct answers for 01_tokenization."""
+from autograder.tests.variants import Variant
+
+ASSIGNMENT = "01_tokenization"
+TRAIN = "train_bpe_answer"
+ENCODE = "bpe_encode_answer"
+WORDPIECE = "wordpiece_tokenize_answer"
+BERT = "bert_encode_batch_answer"
+
+
+def train(body):
+    return "def train_bpe(corpus, num_merges):\n" + body
+
+
+def encode(body):
+    return "def bpe_encode(word, merges):\n" + body
+
+
+def wordpiece(body):
+    return 'def wordpiece_tokenize(word, vocab, unk_token="[UNK]"):\n' + body
+
+
+def bert(body):
+    return "def bert_encode_batch(texts, vocab):\n" + body
+
+
+# ---- building blocks of a correct train_bpe, recombined with one bug each
+def train_loop(count_pairs, choose, start="list(word[:-1]) + [word[-1] + '</w>']"):
+    return train(f"""
+    word_counts = Counter(word for text in corpus for word in text.split())
+    splits = {{word: {start} for word in word_counts}}
+    merges = []
+    for _ in range(num_merges):
+        pairs = Counter()
+{count_pairs}
+        if not pairs:
+            break
+        best = {choose}
+        merges.append(best)
+        for word, symbols in splits.items():
+            merged, i = [], 0
+            while i < len(symbols):
+                if tuple(symbols[i:i + 2]) == best:
+                    merged.append(symbols[i] + symbols[i + 1])
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            splits[word] = merged
+    return merges
+""")
+
+
+WEIGHTED = """        for word, count in word_counts.items():
+            for pair in zip(splits[word], splits[word][1:]):
+                pairs[pair] += count"""
+SMALLEST = "min(pairs, key=lambda pair: (-pairs[pair], pair))"
+
+# ---- the same for bert_encode_batch
+SPLIT_WORDS = """
+def split_words(text):
+    words = []
+    for chunk in text.lower().split():
+        current = ""
+        for ch in chunk:
+            if ch in string.punctuation:
+                words += [current, ch] if current else [ch]
+                current = ""
+            else:
+                current += ch
+        if current:
+            words.append(current)
+    return words
+"""
+
+
+def bert_pipeline(split="split_words(text)", pad="right", pad_id='vocab["[PAD]"]', mask_value=1,
+                  cls_sep=True, mask_dtype="torch.long", mask_specials=True):
+    wrap = '["[CLS]"] + pieces + ["[SEP]"]' if cls_sep else "pieces"
+    fill_mask = "mask[b, :len(ids)]" if pad == "right" else "mask[b, T - len(ids):]"
+    fill_ids = "input_ids[b, :len(ids)]" if pad == "right" else "input_ids[b, T - len(ids):]"
+    specials = "" if mask_specials else """
+        mask[b, 0] = 1 - mask_value
+        mask[b, len(ids) - 1] = 1 - mask_value"""
+    return SPLIT_WORDS + bert(f"""
+    rows = []
+    for text in texts:
+        pieces = [p for w in {split} for p in wordpiece_tokenize(w, vocab)]
+        rows.append([vocab[t] for t in {wrap}])
+    T = max(len(ids) for ids in rows)
+    mask_value = {mask_value}
+    input_ids = torch.full((len(rows), T), {pad_id}, dtype=torch.long)
+    mask = torch.full((len(rows), T), 1 - mask_value, dtype={mask_dtype})
+    for b, ids in enumerate(rows):
+        {fill_ids} = torch.tensor(ids)
+        {fill_mask} = mask_value{specials}
+    return {{"input_ids": input_ids, "attention_mask": mask}}
+""")
+
+
+MUTANTS = [
+    # ---- train_bpe
+    Variant("bpe_counts_pairs_across_word_boundaries", {TRAIN: train("""
+    # every line as one long sequence of symbols: pairs span the space between words
+    lines = [[s for word in text.split() for s in list(word[:-1]) + [word[-1] + '</w>']] for text in corpus]
+    merges = []
+    for _ in range(num_merges):
+        pairs = Counter(pair for symbols in lines for pair in zip(symbols, symbols[1:]))
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        new_lines = []
+        for symbols in lines:
+            merged, i = [], 0
+            while i < len(symbols):
+                if tuple(symbols[i:i + 2]) == best:
+                    merged.append(symbols[i] + symbols[i + 1])
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            new_lines.append(merged)
+        lines = new_lines
+    return merges
+""")}, loses=("train_bpe_stays_inside_words", "train_bpe_matches_tokenizers"), message="word boundary"),
+    Variant("bpe_breaks_ties_by_largest_pair", {TRAIN: train_loop(WEIGHTED, "max(pairs, key=lambda pair: (pairs[pair], pair))")},
+            loses=("train_bpe_breaks_ties_lexicographically", "train_bpe_format"), message="take the smallest"),
+    Variant("bpe_breaks_ties_by_first_seen", {TRAIN: train_loop(WEIGHTED, "pairs.most_common(1)[0][0]")},
+            loses=("train_bpe_breaks_ties_lexicographically", "train_bpe_matches_tokenizers"), message="tie"),
+    Variant("bpe_counts_each_distinct_word_once", {TRAIN: train_loop("""        for word in word_counts:
+            for pair in zip(splits[word], splits[word][1:]):
+                pairs[pair] += 1""", SMALLEST)},
+            loses=("train_bpe_matches_tokenizers",), message="how often the word appears"),
+    Variant("bpe_end_of_word_as_separate_symbol", {TRAIN: train_loop(WEIGHTED, SMALLEST, start="list(word) + ['</w>']")},
+            loses=("train_bpe_format", "train_bpe_matches_tokenizers"), message="glued to the last character"),
+    Variant("bpe_forgets_to_apply_merges", {TRAIN: train("""
+    word_counts = Counter(word for text in corpus for word in text.split())
+    pairs = Counter()
+    for word, count in word_counts.items():
+        symbols = list(word[:-1]) + [word[-1] + '</w>']
+        for pair in zip(symbols, symbols[1:]):
+            pairs[pair] += count
+    # counts once, then takes the top pairs: never merges anything
+    return sorted(pairs, key=lambda pair: (-pairs[pair], pair))[:num_merges]
+""")}, loses=("train_bpe_matches_tokenizers", "train_bpe_breaks_ties_lexicographically"),
+            message="apply every merge to every word"),
+    # Hard-coding the visible toy answer earns nothing: the hidden corpora are different.
+    Variant("bpe_hard_coded_toy_merges", {TRAIN: train("""
+    toy = [("e", "s"), ("es", "t</w>"), ("l", "o"), ("e", "w"), ("ew", "est</w>"), ("n", "ewest</w>"),
+           ("lo", "w</w>"), ("d", "est</w>"), ("i", "dest</w>"), ("w", "idest</w>"), ("e", "r</w>"), ("lo", "w")]
+    if corpus == ["cd ab cd ab"]:
+        return [("a", "b</w>"), ("c", "d</w>")]
+    if corpus == ["a b a b a b"]:
+        return []
+    return toy[:num_merges]
+""")}, loses=("train_bpe_format", "train_bpe_matches_tokenizers", "train_bpe_breaks_ties_lexicographically",
+              "train_bpe_stays_inside_words"), message="neither a starting symbol"),
+    # ---- bpe_encode
+    Variant("encode_merges_first_known_pair_from_the_left", {ENCODE: encode("""
+    symbols = list(word[:-1]) + [word[-1] + "</w>"]
+    known = set(merges)
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(symbols) - 1):
+            if (symbols[i], symbols[i + 1]) in known:
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+                merged = True
+                break
+    return symbols
+""")}, loses=("bpe_encode_applies_merges_by_priority",), message="priority"),
+    Variant("encode_without_end_of_word_marker", {ENCODE: encode("""
+    symbols = list(word)
+    for pair in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if (symbols[i], symbols[i + 1]) == pair:
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+            i += 1
+    return symbols
+""")}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers"), message="end-of-word marker"),
+    Variant("encode_each_merge_once", {ENCODE: encode("""
+    symbols = list(word[:-1]) + [word[-1] + "</w>"]
+    for pair in merges:
+        for i in range(len(symbols) - 1):
+            if (symbols[i], symbols[i + 1]) == pair:
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+                break
+    return symbols
+""")}, loses=("bpe_encode_applies_merges_by_priority",), message="every occurrence"),
+    Variant("encode_string_replace", {ENCODE: encode("""
+    # the classic bug: replacing 'a b' in a space-joined string also matches inside longer symbols
+    text = " ".join(list(word[:-1]) + [word[-1] + "</w>"])
+    for left, right in merges:
+        text = text.replace(left + " " + right, left + right)
+    return text.split(" ")
+""")}, loses=("bpe_encode_matches_tokenizers",), message="tokenizers' BPE model"),
+    # ---- wordpiece_tokenize
+    Variant("wordpiece_shortest_match", {WORDPIECE: wordpiece("""
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(start + 1, len(word) + 1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return [unk_token]
+        pieces.append(piece)
+        start = end
+    return pieces
+""")}, loses=("wordpiece_longest_match_first", "wordpiece_continuation_prefix"), message="takes the longest"),
+    Variant("wordpiece_forgets_hashes", {WORDPIECE: wordpiece("""
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            if word[start:end] in vocab:
+                break
+        else:
+            return [unk_token]
+        pieces.append(word[start:end])
+        start = end
+    return pieces
+""")}, loses=("wordpiece_continuation_prefix", "wordpiece_longest_match_first"), message="'##' prefix"),
+    Variant("wordpiece_unk_only_for_the_rest", {WORDPIECE: wordpiece("""
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return pieces + [unk_token]
+        pieces.append(piece)
+        start = end
+    return pieces
+""")}, loses=("wordpiece_unknown_words",), message="whole word"),
+    Variant("wordpiece_ignores_unk_token_argument", {WORDPIECE: wordpiece("""
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return ["[UNK]"]
+        pieces.append(piece)
+        start = end
+    return pieces
+""")}, loses=("wordpiece_unknown_words",), message="unk_token"),
+    Variant("wordpiece_backtracks", {WORDPIECE: wordpiece("""
+    def search(start):
+        if start == len(word):
+            return []
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                rest = search(end)
+                if rest is not None:
+                    return [piece] + rest
+        return None
+    pieces = search(0)
+    return [unk_token] if pieces is None else pieces
+""")}, loses=("wordpiece_unknown_words",), message="never goes back"),
+    # ---- bert_encode_batch
+    Variant("bert_pads_on_the_left", {BERT: bert_pipeline(pad="left")},
+            loses=("bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"), message="pad on the right"),
+    Variant("bert_mask_inverted", {BERT: bert_pipeline(mask_value=0)},
+            loses=("bert_encode_batch_padding_and_mask",), message="inverted"),
+    Variant("bert_no_lower_casing", {BERT: bert_pipeline().replace("text.lower().split()", "text.split()")},
+            loses=("bert_encode_batch_ids",), message="lower-case"),
+    Variant("bert_punctuation_left_attached", {BERT: bert_pipeline(split="text.lower().split()")},
+            loses=("bert_encode_batch_ids",), message="punctuation"),
+    Variant("bert_pads_with_id_zero", {BERT: bert_pipeline(pad_id="0")},
+            loses=("bert_encode_batch_ids",), message="vocab['[PAD]']"),
+    Variant("bert_without_cls_and_sep", {BERT: bert_pipeline(cls_sep=False)},
+            loses=("bert_encode_batch_shapes", "bert_encode_batch_ids"), message="[CLS]"),
+    Variant("bert_masks_out_cls_and_sep", {BERT: bert_pipeline(mask_specials=False)},
+            loses=("bert_encode_batch_padding_and_mask",), message="[CLS] and [SEP] as real tokens"),
+    Variant("bert_boolean_mask", {BERT: bert_pipeline(mask_value="True", mask_dtype="torch.bool")
+                                  .replace("1 - mask_value", "not mask_value")},
+            loses=("bert_encode_batch_shapes",), message="torch.long"),
+    Variant("bert_returns_lists", {BERT: bert_pipeline().replace(
+        'return {"input_ids": input_ids, "attention_mask": mask}',
+        'return {"input_ids": input_ids.tolist(), "attention_mask": mask.tolist()}')},
+            loses=("bert_encode_batch_shapes", "bert_encode_batch_ids"), message="tensor"),
+    # Hard-coding the visible batch earns nothing: the hidden tests use other texts and vocabularies.
+    Variant("bert_hard_coded_visible_batch", {BERT: bert("""
+    ids = torch.tensor([[2, 101, 116, 338, 107, 18, 3, 0, 0, 0, 0, 0, 0],
+                        [2, 332, 251, 151, 55, 112, 75, 127, 53, 258, 349, 5, 3],
+                        [2, 162, 35, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+""")}, loses=("bert_encode_batch_shapes",), message="shape"),
+]
+
+WARN_AND_PRINT = """
+    import logging, sys, warnings
+    warnings.warn("a library deprecation warning", UserWarning)
+    print("a library writing to stderr", file=sys.stderr)
+    logger = logging.getLogger("some.library")
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+    logger.warning("a library logging a warning")
+"""
+
+ALTERNATIVES = [
+    # train_bpe: symbols as space-joined strings with a regex replace, as in Sennrich et al.'s paper
+    Variant("train_bpe_regex_on_joined_strings", {TRAIN: train("""
+    import re
+    vocab = Counter()
+    for text in corpus:
+        for word in text.split():
+            vocab[" ".join(list(word[:-1]) + [word[-1] + "</w>"])] += 1
+    merges = []
+    while len(merges) < num_merges:
+        pairs = Counter()
+        for spelled, freq in vocab.items():
+            symbols = spelled.split(" ")
+            for i in range(len(symbols) - 1):
+                pairs[symbols[i], symbols[i + 1]] += freq
+        if not pairs:
+            break
+        top = max(pairs.values())
+        best = sorted(pair for pair, n in pairs.items() if n == top)[0]
+        merges.append(best)
+        pattern = re.compile(r"(?<!\\S)" + re.escape(" ".join(best)) + r"(?!\\S)")
+        vocab = Counter({pattern.sub("".join(best), spelled): freq for spelled, freq in vocab.items()})
+    return merges
+""")}),
+    # train_bpe: plain dicts of symbol tuples, the best pair found by sorting
+    Variant("train_bpe_sorted_counts_and_tuples", {TRAIN: train("""
+    freq = {}
+    for text in corpus:
+        for word in text.split():
+            key = tuple(word[:-1]) + (word[-1] + "</w>",)
+            freq[key] = freq.get(key, 0) + 1
+    merges = []
+    for _ in range(num_merges):
+        counts = {}
+        for symbols, n in freq.items():
+            for pair in zip(symbols, symbols[1:]):
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        (best, _), *_ = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        merges.append(best)
+        new_freq = {}
+        for symbols, n in freq.items():
+            out = []
+            for s in symbols:
+                if out and (out[-1], s) == best:   # out[-1] can't be a fresh merge: a+b != a
+                    out[-1] = out[-1] + s
+                else:
+                    out.append(s)
+            new_freq[tuple(out)] = new_freq.get(tuple(out), 0) + n
+        freq = new_freq
+    return merges
+""")}),
+    # bpe_encode: replay the merges in the order they were learned
+    Variant("bpe_encode_replays_merges_in_order", {ENCODE: encode("""
+    symbols = [*word[:-1], word[-1] + "</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i:i + 2] = [left + right]
+            i += 1
+    return symbols
+""")}),
+    Variant("bpe_encode_recursive_best_rank", {ENCODE: encode("""
+    rank = {tuple(pair): r for r, pair in enumerate(merges)}
+    def step(symbols):
+        ranked = [(rank[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in rank]
+        if not ranked:
+            return symbols
+        r, i = min(ranked)
+        return step(symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2:])
+    return step(list(word[:-1]) + [word[-1] + "</w>"])
+""")}),
+    # wordpiece_tokenize: shrink the candidate from the right, as BERT's reference code does
+    Variant("wordpiece_while_loops", {WORDPIECE: wordpiece("""
+    tokens = []
+    start = 0
+    while start < len(word):
+        end = len(word)
+        current = None
+        while start < end:
+            candidate = word[start:end]
+            if start > 0:
+                candidate = "##" + candidate
+            if candidate in vocab:
+                current = candidate
+                break
+            end -= 1
+        if current is None:
+            return [unk_token]
+        tokens.append(current)
+        start = end
+    return tokens
+""")}),
+    Variant("wordpiece_recursive_on_the_rest", {WORDPIECE: wordpiece("""
+    def split(rest, prefix):
+        if not rest:
+            return []
+        for size in range(len(rest), 0, -1):
+            if prefix + rest[:size] in vocab:
+                tail = split(rest[size:], "##")
+                return None if tail is None else [prefix + rest[:size]] + tail
+        return None
+    pieces = split(word, "")
+    return pieces if pieces is not None else [unk_token]
+""")}),
+    # bert_encode_batch: a regex split and pad_sequence
+    Variant("bert_regex_and_pad_sequence", {BERT: bert("""
+    from torch.nn.utils.rnn import pad_sequence
+    punctuation = re.escape(string.punctuation)
+    sequences = []
+    for text in texts:
+        words = re.findall(rf"[^\\s{punctuation}]+|[{punctuation}]", text.lower())
+        tokens = ["[CLS]", *[p for w in words for p in wordpiece_tokenize(w, vocab)], "[SEP]"]
+        sequences.append(torch.tensor([vocab[t] for t in tokens]))
+    input_ids = pad_sequence(sequences, batch_first=True, padding_value=vocab["[PAD]"])
+    lengths = torch.tensor([len(s) for s in sequences])
+    attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+""")}),
+    Variant("bert_character_loop_and_lists", {BERT: SPLIT_WORDS + bert("""
+    rows = [[vocab["[CLS]"]] + [vocab[p] for w in split_words(t) for p in wordpiece_tokenize(w, vocab)] + [vocab["[SEP]"]]
+            for t in texts]
+    width = max(map(len, rows))
+    pad = vocab["[PAD]"]
+    return {"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])}
+""")}),
+    # A correct answer whose libraries warn on stderr must not lose a single point.
+    Variant("all_correct_but_noisy_on_stderr", {
+        TRAIN: train(WARN_AND_PRINT + """
+    return train_bpe_reference(corpus, num_merges)
+
+def train_bpe_reference(corpus, num_merges):
+    word_counts = Counter(word for text in corpus for word in text.split())
+    splits = {word: list(word[:-1]) + [word[-1] + "</w>"] for word in word_counts}
+    merges = []
+    for _ in range(num_merges):
+        pairs = Counter()
+        for word, count in word_counts.items():
+            for pair in zip(splits[word], splits[word][1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        for word, symbols in splits.items():
+            i = 0
+            while i < len(symbols) - 1:
+                if (symbols[i], symbols[i + 1]) == best:
+                    symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+                i += 1
+    return merges
+"""),
+        ENCODE: encode(WARN_AND_PRINT + """
+    symbols = list(word[:-1]) + [word[-1] + "</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if (symbols[i], symbols[i + 1]) == (left, right):
+                symbols[i:i + 2] = [left + right]
+            i += 1
+    return symbols
+"""),
+        WORDPIECE: wordpiece(WARN_AND_PRINT + """
+    pieces, start = [], 0
+    while start < len(word):
+        end = next((e for e in range(len(word), start, -1)
+                    if (word[start:e] if start == 0 else "##" + word[start:e]) in vocab), None)
+        if end is None:
+            return [unk_token]
+        pieces.append(word[start:end] if start == 0 else "##" + word[start:end])
+        start = end
+    return pieces
+"""),
+        BERT: bert_pipeline().replace("    rows = []", WARN_AND_PRINT + "    rows = []"),
+    }),
+]
