@@ -87,6 +87,8 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
 def describe(value):
     if hasattr(value, "shape"):
         return f"{type(value).__name__} of shape {tuple(value.shape)}"
+    if isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__}"
     return repr(value)
 
 
