@@ -15,6 +15,8 @@ from autograder.tests.conftest import (is_answer_cell, reference_answers, releas
 
 ASSIGNMENTS = assignment_ids()
 EXECUTION_BUDGET_SECONDS = 15
+TRAINING_BUDGET_SECONDS = 30  # 07-09 train models while they run
+TRAINING_NOTEBOOKS = ("07_", "08_", "09_")
 
 
 def test_there_are_assignments():
@@ -63,7 +65,8 @@ def test_solution_executes_within_budget(assignment_id):
     client.execute()
     elapsed = time.perf_counter() - start
     print(f"{assignment_id} executed in {elapsed:.1f} s")
-    assert elapsed < EXECUTION_BUDGET_SECONDS, f"{assignment_id} took {elapsed:.1f} s to execute"
+    budget = TRAINING_BUDGET_SECONDS if assignment_id.startswith(TRAINING_NOTEBOOKS) else EXECUTION_BUDGET_SECONDS
+    assert elapsed < budget, f"{assignment_id} took {elapsed:.1f} s to execute (budget {budget} s)"
 
 
 def test_course_is_exactly_what_release_generates(tmp_path):
