@@ -244,6 +244,8 @@ def _autograde(nb, assignment_id, work, cell_timeout):
     # The notebooks' tensors are tiny: one BLAS/OpenMP thread per kernel is as fast alone and much
     # faster when several kernels share the cores (parallel grading, the test suite).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # No test reads a picture: figures are drawn but not rendered to PNG while grading.
+    os.environ.setdefault("MPLBACKEND", "Agg")
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
