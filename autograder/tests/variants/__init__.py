@@ -10,6 +10,18 @@ import dataclasses
 import importlib
 import pkgutil
 
+# Put at the top of a function body: a correct answer whose libraries write warnings to stderr.
+# The alternative that uses it proves that such an answer loses no points (nbgrader would give 0).
+WARN_AND_PRINT = """
+    import logging, sys, warnings
+    warnings.warn("a library deprecation warning", UserWarning)
+    print("a library writing to stderr", file=sys.stderr)
+    logger = logging.getLogger("some.library")
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+    logger.warning("a library logging a warning")
+"""
+
 
 @dataclasses.dataclass(frozen=True)
 class Variant:

@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 02_embeddings."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "02_embeddings"
 ONE_HOT = "one_hot_answer"
@@ -166,15 +166,6 @@ MUTANTS = [
         message="shape"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     Variant("one_hot_scatter", {ONE_HOT: one_hot(RANGE_CHECK + """

@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 06_masking."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "06_masking"
 CAUSAL = "causal_mask_answer"
@@ -158,15 +158,6 @@ MUTANTS = [
 """)}, loses=("cross_attention_matches_torch",), message="out_proj"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     Variant("causal_arange_comparison", {CAUSAL: causal("""

@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 05_multi_head_attention."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "05_multi_head_attention"
 SPLIT = "split_heads_answer"
@@ -216,15 +216,6 @@ MUTANTS = [
 """)}, loses=("mha_num_parameters_counts", "mha_num_parameters_bias"), message="hard-coded"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     Variant("split_merge_with_chunk_and_cat", {

@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 03_positional_encoding."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "03_positional_encoding"
 PE = "sinusoidal_positional_encoding_answer"
@@ -209,15 +209,6 @@ MUTANTS = [
         message="shape"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     # ---- sinusoidal_positional_encoding

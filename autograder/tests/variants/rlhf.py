@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 09_rlhf."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "09_rlhf"
 SEQUENCE = "sequence_log_probs_answer"
@@ -147,15 +147,6 @@ MUTANTS = [
 """)}, loses=("dpo_loss_values",), message="mean"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     Variant("sequence_cross_entropy", {SEQUENCE: sequence("""

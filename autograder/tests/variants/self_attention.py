@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 04_self_attention."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "04_self_attention"
 BY_HAND = "self_attention_by_hand_answer"
@@ -144,15 +144,6 @@ MUTANTS = [
 """)}, loses=("sdpa_shapes", "sdpa_values_match_torch"), message="oracle"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     Variant("by_hand_explicit_loops", {BY_HAND: by_hand("""

@@ -1,5 +1,5 @@
 """Mutants and alternative correct answers for 01_tokenization."""
-from autograder.tests.variants import Variant
+from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "01_tokenization"
 TRAIN = "train_bpe_answer"
@@ -293,15 +293,6 @@ MUTANTS = [
 """)}, loses=("bert_encode_batch_shapes",), message="shape"),
 ]
 
-WARN_AND_PRINT = """
-    import logging, sys, warnings
-    warnings.warn("a library deprecation warning", UserWarning)
-    print("a library writing to stderr", file=sys.stderr)
-    logger = logging.getLogger("some.library")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-    logger.warning("a library logging a warning")
-"""
 
 ALTERNATIVES = [
     # train_bpe: symbols as space-joined strings with a regex replace, as in Sennrich et al.'s paper
