@@ -115,7 +115,7 @@ def integrity_flags(nb, source_nb):
 # Code a student has no reason to write: reaching into the grader, or rebinding library functions
 # the tests rely on. A match is a flag for a person to review, not a verdict.
 TAMPERING_PATTERNS = [
-    (re.compile(r"\bautograder\b"), "refers to the autograder package"),
+    (re.compile(r"\b(import|from)\s+autograder\b|\bautograder\s*\."), "refers to the autograder package"),
     (re.compile(r"\b(torch|np|numpy|math|F)\.[\w.]+\s*=[^=]"), "assigns to a library attribute"),
     (re.compile(r"\bbuiltins\b|__builtins__"), "touches builtins"),
     (re.compile(r"\bsys\.modules\b|\bsetattr\s*\((torch|np|numpy|math|F)\b"), "rebinds modules"),

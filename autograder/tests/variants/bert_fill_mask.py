@@ -1,0 +1,339 @@
+"""Mutants and alternative correct answers for 08_bert_fill_mask."""
+from autograder.tests.variants import Variant
+
+ASSIGNMENT = "08_bert_fill_mask"
+MASK = "mask_tokens_answer"
+LOSS = "mlm_loss_answer"
+FILL = "fill_mask_answer"
+TOPK = "top_k_accuracy_answer"
+
+
+def mask_tokens(body):
+    return ("def mask_tokens(input_ids, mask_token_id, vocab_size, special_tokens_mask=None, mlm_probability=0.15,\n"
+            "                generator=None):\n" + body)
+
+
+def mlm_loss(body):
+    return "def mlm_loss(logits, labels):\n" + body
+
+
+def fill_mask(body):
+    return "def fill_mask(model, tokenizer, text, top_k=5):\n" + body
+
+
+def top_k_accuracy(body):
+    return "def top_k_accuracy(model, tokenizer, examples, k):\n" + body
+
+
+SELECT = """
+    inputs, labels = input_ids.clone(), input_ids.clone()
+    probability = torch.full(input_ids.shape, mlm_probability)
+    if special_tokens_mask is not None:
+        probability.masked_fill_(special_tokens_mask.bool(), 0.0)
+    selected = torch.bernoulli(probability, generator=generator).bool()
+    labels[~selected] = -100
+"""
+
+CORRUPT_80_10_10 = """
+    to_mask = selected & (torch.rand(input_ids.shape, generator=generator) < 0.8)
+    inputs[to_mask] = mask_token_id
+    to_random = selected & ~to_mask & (torch.rand(input_ids.shape, generator=generator) < 0.5)
+    inputs[to_random] = torch.randint(vocab_size, input_ids.shape, generator=generator)[to_random]
+    return inputs, labels
+"""
+
+FILL_START = """
+    input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    position = (input_ids[0] == tokenizer.mask_token_id).nonzero()[0, 0].item()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+"""
+
+FILL_END = """
+    predictions = []
+    for score, token in zip(scores.tolist(), tokens.tolist()):
+        filled = input_ids[0].clone()
+        filled[position] = token
+        predictions.append({"score": score, "token": token, "token_str": tokenizer.decode([token]),
+                            "sequence": tokenizer.decode(filled, skip_special_tokens=True)})
+    return predictions
+"""
+
+MUTANTS = [
+    # ---- mask_tokens
+    Variant("mask_10_10_80", {MASK: mask_tokens(SELECT + """
+    to_mask = selected & (torch.rand(input_ids.shape, generator=generator) < 0.1)
+    inputs[to_mask] = mask_token_id
+    to_random = selected & ~to_mask & (torch.rand(input_ids.shape, generator=generator) < 0.1 / 0.9)
+    inputs[to_random] = torch.randint(vocab_size, input_ids.shape, generator=generator)[to_random]
+    return inputs, labels
+""")}, loses=("mask_tokens_rates",), message="10/10/80"),
+    Variant("mask_special_tokens_too", {MASK: mask_tokens("""
+    inputs, labels = input_ids.clone(), input_ids.clone()
+    selected = torch.rand(input_ids.shape, generator=generator) < mlm_probability
+    labels[~selected] = -100
+""" + CORRUPT_80_10_10)}, loses=("mask_tokens_special_tokens",), message="special tokens"),
+    Variant("mask_labels_not_ignored", {MASK: mask_tokens(SELECT + """
+    labels = input_ids.clone()
+""" + CORRUPT_80_10_10)}, loses=("mask_tokens_labels",), message="-100"),
+    Variant("mask_labels_zero_not_minus_100", {MASK: mask_tokens(SELECT + """
+    labels[~selected] = 0
+""" + CORRUPT_80_10_10)}, loses=("mask_tokens_labels",), message="-100"),
+    Variant("mask_labels_are_corrupted_inputs", {MASK: mask_tokens(SELECT + """
+    to_mask = selected & (torch.rand(input_ids.shape, generator=generator) < 0.8)
+    inputs[to_mask] = mask_token_id
+    to_random = selected & ~to_mask & (torch.rand(input_ids.shape, generator=generator) < 0.5)
+    inputs[to_random] = torch.randint(vocab_size, input_ids.shape, generator=generator)[to_random]
+    labels[selected] = inputs[selected]
+    return inputs, labels
+""")}, loses=("mask_tokens_labels",), message="original token"),
+    Variant("mask_modifies_input_in_place", {MASK: mask_tokens("""
+    labels = input_ids.clone()
+    inputs = input_ids
+    probability = torch.full(input_ids.shape, mlm_probability)
+    if special_tokens_mask is not None:
+        probability.masked_fill_(special_tokens_mask.bool(), 0.0)
+    selected = torch.bernoulli(probability, generator=generator).bool()
+    labels[~selected] = -100
+""" + CORRUPT_80_10_10)}, loses=("mask_tokens_labels",), message="in place"),
+    Variant("mask_random_overwrites_masks", {MASK: mask_tokens(SELECT + """
+    to_mask = selected & (torch.rand(input_ids.shape, generator=generator) < 0.8)
+    inputs[to_mask] = mask_token_id
+    to_random = selected & (torch.rand(input_ids.shape, generator=generator) < 0.1)
+    inputs[to_random] = torch.randint(vocab_size, input_ids.shape, generator=generator)[to_random]
+    return inputs, labels
+""")}, loses=("mask_tokens_rates",), message="NOT masked"),
+    Variant("mask_hard_coded_probability", {MASK: mask_tokens("""
+    inputs, labels = input_ids.clone(), input_ids.clone()
+    probability = torch.full(input_ids.shape, 0.15)
+    if special_tokens_mask is not None:
+        probability.masked_fill_(special_tokens_mask.bool(), 0.0)
+    selected = torch.bernoulli(probability, generator=generator).bool()
+    labels[~selected] = -100
+""" + CORRUPT_80_10_10)}, loses=("mask_tokens_rates",), message="mlm_probability"),
+    Variant("mask_ignores_generator", {MASK: mask_tokens("""
+    inputs, labels = input_ids.clone(), input_ids.clone()
+    probability = torch.full(input_ids.shape, mlm_probability)
+    if special_tokens_mask is not None:
+        probability.masked_fill_(special_tokens_mask.bool(), 0.0)
+    selected = torch.bernoulli(probability).bool()
+    labels[~selected] = -100
+    to_mask = selected & (torch.rand(input_ids.shape) < 0.8)
+    inputs[to_mask] = mask_token_id
+    to_random = selected & ~to_mask & (torch.rand(input_ids.shape) < 0.5)
+    inputs[to_random] = torch.randint(vocab_size, input_ids.shape)[to_random]
+    return inputs, labels
+""")}, loses=("mask_tokens_generator",), message="generator"),
+    # Hard-coding what the visible test saw earns nothing: the hidden tests use other shapes and seeds.
+    Variant("mask_hard_coded_visible_batch", {MASK: mask_tokens("""
+    ids = torch.randint(5, 1000, (4, 300), generator=torch.Generator().manual_seed(0))
+    labels = torch.full(ids.shape, -100)
+    labels[:, ::7] = ids[:, ::7]
+    inputs = ids.clone()
+    inputs[:, ::7] = mask_token_id
+    return inputs, labels
+""")}, loses=("mask_tokens_labels", "mask_tokens_rates", "mask_tokens_special_tokens"), message="shape"),
+    # ---- mlm_loss
+    Variant("loss_averages_over_ignored_positions", {LOSS: mlm_loss("""
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return per_token.mean()
+""")}, loses=("mlm_loss_values",), message="every position"),
+    Variant("loss_mean_of_sequence_means", {LOSS: mlm_loss("""
+    per_token = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+    counts = (labels != -100).sum(dim=1)
+    return (per_token.sum(dim=1) / counts).mean()
+""")}, loses=("mlm_loss_values",), message="count once"),
+    Variant("loss_sums_instead_of_mean", {LOSS: mlm_loss("""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
+""")}, loses=("mlm_loss_values",), message="summed"),
+    Variant("loss_without_log_softmax", {LOSS: mlm_loss("""
+    predicted = labels != -100
+    return -logits[predicted].gather(1, labels[predicted][:, None]).mean()
+""")}, loses=("mlm_loss_values",), message="log-softmax"),
+    Variant("loss_returns_a_python_float", {LOSS: mlm_loss("""
+    return torch.tensor(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).item())
+""")}, loses=("mlm_loss_ignores_positions",), message="requires_grad"),
+    Variant("loss_hard_coded_visible_value", {LOSS: mlm_loss("""
+    return torch.tensor(0.10291114, requires_grad=True) * 1.0  # the visible example's answer
+""")}, loses=("mlm_loss_values",), message="mlm_loss is wrong"),
+    # ---- fill_mask
+    Variant("fill_softmax_over_sequence_axis", {FILL: fill_mask(FILL_START + """
+    probabilities = logits.softmax(dim=1)[0, position]
+    scores, tokens = probabilities.topk(top_k)
+""" + FILL_END)}, loses=("fill_mask_matches_pipeline", "fill_mask_scores_are_sorted_probabilities"),
+        message="sequence axis"),
+    Variant("fill_top_k_unsorted", {FILL: fill_mask(FILL_START + """
+    probabilities = logits[0, position].softmax(dim=-1)
+    tokens = probabilities.argsort()[-top_k:]
+    scores = probabilities[tokens]
+""" + FILL_END)}, loses=("fill_mask_matches_pipeline", "fill_mask_scores_are_sorted_probabilities"),
+        message="order"),
+    Variant("fill_raw_logits_as_scores", {FILL: fill_mask(FILL_START + """
+    scores, tokens = logits[0, position].topk(top_k)
+""" + FILL_END)}, loses=("fill_mask_matches_pipeline", "fill_mask_scores_are_sorted_probabilities"),
+        message="raw logits"),
+    Variant("fill_mask_position_ignores_cls", {FILL: fill_mask("""
+    input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    position = text.split().index(next(w for w in text.split() if tokenizer.mask_token in w))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    scores, tokens = logits[0, position].softmax(dim=-1).topk(top_k)
+""" + FILL_END)}, loses=("fill_mask_matches_pipeline",), message="[CLS]"),
+    Variant("fill_sequence_keeps_special_tokens", {FILL: fill_mask(FILL_START + """
+    scores, tokens = logits[0, position].softmax(dim=-1).topk(top_k)
+    predictions = []
+    for score, token in zip(scores.tolist(), tokens.tolist()):
+        filled = input_ids[0].clone()
+        filled[position] = token
+        predictions.append({"score": score, "token": token, "token_str": tokenizer.decode([token]),
+                            "sequence": tokenizer.decode(filled)})
+    return predictions
+""")}, loses=("fill_mask_matches_pipeline",), message="skip_special_tokens"),
+    Variant("fill_returns_tensors", {FILL: fill_mask(FILL_START + """
+    scores, tokens = logits[0, position].softmax(dim=-1).topk(top_k)
+    predictions = []
+    for score, token in zip(scores, tokens):
+        filled = input_ids[0].clone()
+        filled[position] = token
+        predictions.append({"score": score, "token": token, "token_str": tokenizer.decode([token]),
+                            "sequence": tokenizer.decode(filled, skip_special_tokens=True)})
+    return predictions
+""")}, loses=("fill_mask_format",), message="Python"),
+    Variant("fill_calls_the_pipeline", {FILL: fill_mask("""
+    return pipeline("fill-mask", model=model, tokenizer=tokenizer)(text, top_k=top_k)
+""")}, loses=("fill_mask_format", "fill_mask_matches_pipeline"), message="by hand"),
+    # The tiny model's answer to the visible sentence, typed in: it passes the visible tests, nothing else.
+    Variant("fill_hard_coded_visible_answer", {FILL: fill_mask("""
+    return [{"score": 0.12434612214565277, "token": 1717, "token_str": "blanket", "sequence": "the cat sat on the blanket."},
+            {"score": 0.117525614798069, "token": 531, "token_str": "couch", "sequence": "the cat sat on the couch."},
+            {"score": 0.11259573698043823, "token": 1158, "token_str": "chair", "sequence": "the cat sat on the chair."},
+            {"score": 0.10960500687360764, "token": 1689, "token_str": "carpet", "sequence": "the cat sat on the carpet."},
+            {"score": 0.09919250756502151, "token": 211, "token_str": "rug", "sequence": "the cat sat on the rug."}]
+""")}, loses=("fill_mask_format", "fill_mask_matches_pipeline", "fill_mask_scores_are_sorted_probabilities"),
+        message="returned 5 predictions"),
+    # ---- top_k_accuracy
+    Variant("accuracy_counts_hits", {TOPK: top_k_accuracy("""
+    return sum(answer in [p["token_str"] for p in fill_mask(model, tokenizer, text, top_k=k)]
+               for text, answer in examples)
+""")}, loses=("top_k_accuracy_values",), message="number of hits"),
+    Variant("accuracy_ignores_k", {TOPK: top_k_accuracy("""
+    return sum(fill_mask(model, tokenizer, text, top_k=1)[0]["token_str"] == answer
+               for text, answer in examples) / len(examples)
+""")}, loses=("top_k_accuracy_values",), message="ignores k"),
+    Variant("accuracy_off_by_one_in_k", {TOPK: top_k_accuracy("""
+    return sum(answer in [p["token_str"] for p in fill_mask(model, tokenizer, text, top_k=k)][:k - 1]
+               for text, answer in examples) / len(examples)
+""")}, loses=("top_k_accuracy_values",), message="off-by-one"),
+    Variant("accuracy_answer_anywhere_in_sentence", {TOPK: top_k_accuracy("""
+    return sum(any(answer in p["sequence"] for p in fill_mask(model, tokenizer, text, top_k=k))
+               for text, answer in examples) / len(examples)
+""")}, loses=("top_k_accuracy_values",), message="anywhere in the filled-in sentence"),
+    Variant("accuracy_hard_coded_visible_value", {TOPK: top_k_accuracy("""
+    return 0.6666666666666666  # the tiny model's visible top-5 accuracy
+""")}, loses=("top_k_accuracy_values", "top_k_accuracy_grows_with_k"), message="expected"),
+]
+
+WARN_AND_PRINT = """
+    import logging, sys, warnings
+    warnings.warn("a library deprecation warning", UserWarning)
+    print("a library writing to stderr", file=sys.stderr)
+    logging.getLogger("transformers.some_module").warning("a transformers warning")
+"""
+
+ALTERNATIVES = [
+    # mask_tokens: one uniform draw per stage, thresholds instead of Bernoulli trials
+    Variant("mask_uniform_thresholds", {MASK: mask_tokens("""
+    eligible = torch.ones_like(input_ids, dtype=torch.bool)
+    if special_tokens_mask is not None:
+        eligible = ~special_tokens_mask.bool()
+    selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & eligible
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    u = torch.rand(input_ids.shape, generator=generator)
+    random_ids = torch.randint(0, vocab_size, input_ids.shape, generator=generator)
+    inputs = torch.where(selected & (u < 0.8), torch.full_like(input_ids, mask_token_id), input_ids)
+    inputs = torch.where(selected & (u >= 0.8) & (u < 0.9), random_ids, inputs)
+    return inputs, labels
+""")}),
+    # mask_tokens: the original BERT's way, an exact 15% per sequence chosen by a random permutation
+    Variant("mask_exact_count_per_sequence", {MASK: mask_tokens("""
+    inputs, labels = input_ids.clone(), torch.full_like(input_ids, -100)
+    special = (special_tokens_mask.bool() if special_tokens_mask is not None
+               else torch.zeros_like(input_ids, dtype=torch.bool))
+    for row in range(input_ids.shape[0]):
+        candidates = (~special[row]).nonzero().flatten()
+        count = round(mlm_probability * len(candidates))
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:count]]
+        labels[row, chosen] = input_ids[row, chosen]
+        n_mask, n_random = round(0.8 * count), round(0.1 * count)
+        order = chosen[torch.randperm(count, generator=generator)]
+        inputs[row, order[:n_mask]] = mask_token_id
+        random_positions = order[n_mask:n_mask + n_random]
+        inputs[row, random_positions] = torch.randint(vocab_size, (len(random_positions),), generator=generator)
+    return inputs, labels
+""")}),
+    Variant("loss_log_softmax_gather", {LOSS: mlm_loss("""
+    predicted = labels != -100                                       # (B, T)
+    log_probs = logits.log_softmax(dim=-1)[predicted]                # (N, V)
+    return -log_probs.gather(1, labels[predicted].unsqueeze(1)).mean()
+""")}),
+    Variant("loss_classes_on_axis_1", {LOSS: mlm_loss("""
+    return torch.nn.CrossEntropyLoss()(logits.transpose(1, 2), labels)
+""")}),
+    Variant("fill_softmax_then_sort", {FILL: fill_mask("""
+    encoded = tokenizer(text, return_tensors="pt")
+    ids = encoded["input_ids"][0].tolist()
+    position = ids.index(tokenizer.mask_token_id)
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(**encoded).logits, dim=-1)[0, position]
+    order = torch.sort(log_probs, descending=True).indices[:top_k].tolist()
+    results = []
+    for token in order:
+        filled = ids[:position] + [token] + ids[position + 1:]
+        results.append(dict(score=float(log_probs[token].exp()), token=int(token),
+                            token_str=tokenizer.decode([token]),
+                            sequence=tokenizer.decode(filled, skip_special_tokens=True)))
+    return results
+""")}),
+    Variant("fill_convert_tokens_to_string", {FILL: fill_mask("""
+    encoded = tokenizer(text, return_tensors="pt")
+    position = torch.where(encoded.input_ids[0] == tokenizer.mask_token_id)[0].item()
+    with torch.no_grad():
+        probabilities = F.softmax(model(**encoded).logits[0, position], dim=0)
+    top = torch.topk(probabilities, k=top_k)
+    out = []
+    for score, token in zip(top.values.tolist(), top.indices.tolist()):
+        ids = encoded.input_ids[0].tolist()
+        ids[position] = token
+        out.append({"token": token, "score": score, "token_str": tokenizer.decode([token]),
+                    "sequence": tokenizer.decode(ids, skip_special_tokens=True)})
+    return out
+""")}),
+    Variant("accuracy_batched_forward", {TOPK: top_k_accuracy("""
+    texts = [text for text, _ in examples]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits                              # (N, T, V)
+    rows, positions = (batch["input_ids"] == tokenizer.mask_token_id).nonzero(as_tuple=True)
+    top = logits[rows, positions].topk(k, dim=-1).indices          # (N, k)
+    hits = [answer in [tokenizer.decode([t]) for t in top[i].tolist()] for i, (_, answer) in enumerate(examples)]
+    return sum(hits) / len(examples)
+""")}),
+    Variant("accuracy_with_the_pipeline", {TOPK: top_k_accuracy("""
+    unmask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
+    correct = [answer in {p["token_str"] for p in unmask(text, top_k=k)} for text, answer in examples]
+    return float(np.mean(correct))
+""")}),
+    # A correct answer whose libraries warn on stderr must not lose a single point.
+    Variant("all_correct_but_noisy_on_stderr", {
+        MASK: mask_tokens(WARN_AND_PRINT + SELECT + CORRUPT_80_10_10),
+        LOSS: mlm_loss(WARN_AND_PRINT + """
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+"""),
+        FILL: fill_mask(WARN_AND_PRINT + FILL_START + """
+    scores, tokens = logits[0, position].softmax(dim=-1).topk(top_k)
+""" + FILL_END),
+        TOPK: top_k_accuracy(WARN_AND_PRINT + """
+    return sum(answer in [p["token_str"] for p in fill_mask(model, tokenizer, text, top_k=k)]
+               for text, answer in examples) / len(examples)
+""")}),
+]
