@@ -1,4 +1,4 @@
-"""Command line: `python -m autograder check PATH [--json]` and `python -m autograder release`."""
+"""Command line: `python -m autograder check PATH [--json]`, `release` and `grade` (a whole class)."""
 import argparse
 import sys
 
@@ -7,6 +7,10 @@ from autograder.release import release
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["grade"]:  # its own parser: python -m autograder grade --help
+        from autograder.classroom import main as grade_main
+        return grade_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m autograder",
                                      description="Grade and release the course's notebooks.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -17,6 +21,7 @@ def main(argv=None):
     check.add_argument("--timeout", type=int, help="seconds allowed per cell")
     release_parser = commands.add_parser("release", help="regenerate course/ from solutions/")
     release_parser.add_argument("assignments", nargs="*", help="only these assignments (default: all)")
+    commands.add_parser("grade", help="grade a whole class (see: python -m autograder grade --help)")
     args = parser.parse_args(argv)
 
     if args.command == "release":

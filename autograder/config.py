@@ -4,7 +4,9 @@ Layout: solutions/<id>/<id>.ipynb (nbgrader source) -> course/<id>/<id>.ipynb (r
 nbgrader's working folders (gradebook, submitted, autograded, feedback) live in autograder/work/,
 which git ignores.
 """
+import os
 import pathlib
+import sys
 
 from traitlets.config import Config
 
@@ -16,6 +18,13 @@ COURSE_ID = "transformers-from-the-ground-up"
 
 # A cell that runs longer than this is interrupted and the rest of the notebook still runs.
 CELL_TIMEOUT_SECONDS = 60
+# Limits of each grading kernel (autograder/kernel.py). A kernel importing torch and transformers
+# maps about 0.8 GB; a memory bomb gets MemoryError at the cap instead of taking the machine down.
+KERNEL_MEMORY_BYTES = 4 * 2**30
+KERNEL_FILE_SIZE_BYTES = 256 * 2**20
+# Output kept per cell while a notebook runs (autograder/execute.py); nbgrader's LimitOutput then
+# trims what is kept to 1000 lines.
+MAX_OUTPUT_BYTES_PER_CELL = 1_000_000
 
 
 def assignment_ids():
@@ -46,6 +55,7 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     # After a cell's reply, nbclient waits this long for its last outputs, then fails the whole
     # notebook; the default (4 s) is too short on a loaded grading machine.
     c.Execute.iopub_timeout = 30
+    c.GuardedExecute.max_output_bytes_per_cell = MAX_OUTPUT_BYTES_PER_CELL
     # A deleted test cell is put back from the source, as the instructor wrote it.
     c.OverwriteCells.add_missing_cells = True
     # A library warning on stderr must never cost a correct answer its points (see stderr.py).
@@ -54,10 +64,27 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
 
 
 def autograde_preprocessors():
+    """nbgrader's autograde pipeline, with the hardened Execute and two steps of the course's."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute,
-                                        IgnorePattern, LimitOutput, SaveAutoGrades)
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
+                                        LimitOutput, SaveAutoGrades)
 
+    from autograder.execute import GuardedExecute, ZeroScoresOnTampering
     from autograder.stderr import KeepStderrFromFailingTests
-    return [Execute, KeepStderrFromFailingTests, IgnorePattern, ClearMetadataPreprocessor,
-            LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    return [GuardedExecute, KeepStderrFromFailingTests, IgnorePattern, ClearMetadataPreprocessor,
+            LimitOutput, ZeroScoresOnTampering, SaveAutoGrades, AssignLatePenalties,
+            CheckCellMetadata]
+
+
+def guard_environment(config):
+    """What the grading kernel may not open, and may not write (see autograder/guard.py)."""
+    from autograder import guard
+    course = config.CourseDirectory
+    root = pathlib.Path(course.root)
+    denied = [SOLUTIONS_DIR, REPO_ROOT / "autograder" / "tests", WORK_DIR, root / "gradebooks",
+              pathlib.Path(course.source_directory), pathlib.Path(course.submitted_directory),
+              pathlib.Path(course.autograded_directory), pathlib.Path(course.feedback_directory),
+              root / "gradebook.db", root / "gradebook.db-journal"]
+    read_only = [REPO_ROOT, root, pathlib.Path(sys.prefix)]
+    return {guard.DENY_ENV: os.pathsep.join(map(str, denied)),
+            guard.READ_ONLY_ENV: os.pathsep.join(map(str, read_only))}

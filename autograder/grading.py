@@ -19,7 +19,7 @@ import warnings
 
 import nbformat
 
-from autograder.config import SOLUTIONS_DIR, assignment_ids, nbgrader_config
+from autograder.config import SOLUTIONS_DIR, assignment_ids, guard_environment, nbgrader_config
 
 STUDENT_ID = "selfstudy"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -108,7 +108,8 @@ def integrity_flags(nb, source_nb):
             flags.append(f"test cell '{grade_id}' was edited; it was restored from the source")
         if str(copies[0].metadata.nbgrader.get("points")) != str(source_cell.metadata.nbgrader["points"]):
             flags.append(f"test cell '{grade_id}' had its points changed; the source's points were used")
-    flags += tampering_flags(nb, source_tests)
+    course_cells = {cell.source.strip() for cell in source_nb.cells if cell.cell_type == "code"}
+    flags += tampering_flags(nb, source_tests, course_cells)
     return flags
 
 
@@ -119,15 +120,26 @@ TAMPERING_PATTERNS = [
     (re.compile(r"\b(torch|np|numpy|math|F)\.[\w.]+\s*=[^=]"), "assigns to a library attribute"),
     (re.compile(r"\bbuiltins\b|__builtins__"), "touches builtins"),
     (re.compile(r"\bsys\.modules\b|\bsetattr\s*\((torch|np|numpy|math|F)\b"), "rebinds modules"),
+    (re.compile(r"input_transformers|ast_transformers|set_custom_exc|showtraceback|"
+                r"\bexcepthook\b|\bsettrace\b|\bsetprofile\b|register_magic"), "changes how IPython runs cells"),
+    (re.compile(r"\bdef\s+__(eq|ne|torch_function|array_function|array_ufunc)__\b"),
+     "defines a comparison hook that could fake a test"),
+    (re.compile(r"\bsolutions\b|gradebook|\bsqlite3\b|\bautograded\b"), "refers to the grader's files"),
+    (re.compile(r"\b(subprocess|ctypes|os\.system|os\.popen|__import__|importlib)\b|"
+                r"(?<![.\w])(exec|eval|compile)\s*\("),
+     "runs code or programs indirectly"),
 ]
 
 
-def tampering_flags(nb, source_tests):
+def tampering_flags(nb, source_tests, course_cells=frozenset()):
+    """Suspicious code in the cells the student wrote (test cells and the course's own are skipped)."""
     flags = []
     for index, cell in enumerate(nb.cells):
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if cell.get("cell_type") != "code" or grade_id in source_tests:
             continue  # test cells are replaced by the source's anyway
+        if cell.get("source", "").strip() in course_cells:
+            continue
         for pattern, what in TAMPERING_PATTERNS:
             match = pattern.search(cell.get("source", ""))
             if match:
@@ -213,6 +225,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None):
         return _zero_report(assignment_id, assignment_id, source_nb,
                             errors + [f"could not grade {path.name}: {type(error).__name__}: {error}"])
     errors += run_errors
+    flags += guard_flags(autograded_nb) + runaway_notes(autograded_nb)
     if grades is None:
         return _zero_report(assignment_id, assignment_id, source_nb, errors, flags)
 
@@ -264,7 +277,8 @@ def _autograde(nb, assignment_id, work, cell_timeout):
     submitted = work / "submitted" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
     submitted.parent.mkdir(parents=True)
     nbformat.write(nb, submitted)
-    with _kernel_stderr_to(work / "kernel-stderr.log") as kernel_log:
+    with _kernel_stderr_to(work / "kernel-stderr.log") as kernel_log, \
+            environment(guard_environment(config)):
         result = api.autograde(assignment_id, STUDENT_ID)
     errors = [] if result["success"] else [_autograde_error(result, kernel_log.read_text())]
 
@@ -276,6 +290,47 @@ def _autograde(nb, assignment_id, work, cell_timeout):
         submission = gradebook.find_submission_notebook(assignment_id, assignment_id, STUDENT_ID)
         grades = {grade.name: float(grade.score) for grade in submission.grades}
     return autograded_nb, grades, errors
+
+
+def guard_flags(autograded_nb):
+    """The grading kernel's findings (autograder/guard.py), as flags for review."""
+    if autograded_nb is None:
+        return []
+    findings = autograded_nb.metadata.get("autograder", {}).get("guard_findings", [])
+    return [f"tampering, all tests scored 0: {finding}" for finding in findings]
+
+
+def runaway_notes(autograded_nb):
+    """Cells that were stopped (time limit, memory cap) or whose output was cut, for the report."""
+    notes = []
+    for index, cell in enumerate(autograded_nb.cells if autograded_nb else []):
+        if cell.get("cell_type") != "code":
+            continue
+        where = f"cell {index + 1}"
+        for output in cell.get("outputs", []):
+            name = output.get("ename")
+            if name == "CellTimeoutError":
+                notes.append(f"{where} ran past the time limit and was interrupted; grading went on")
+            elif name == "MemoryError":
+                notes.append(f"{where} ran out of memory (the grading kernel's cap); grading went on")
+            elif "output beyond" in output.get("text", "") and "[grader]" in output.get("text", ""):
+                notes.append(f"{where} printed too much: its output was cut")
+    return notes
+
+
+@contextlib.contextmanager
+def environment(variables):
+    """Set environment variables (inherited by the kernels nbgrader starts) for the duration."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -298,5 +353,12 @@ def _autograde_error(result, kernel_stderr=""):
     text = result.get("error", "") + result.get("log", "") + kernel_stderr
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died while running the notebook (a crash, os._exit or running out of memory)"
-    last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["unknown error"]
+    if "CellTimeoutError" in text and "IOPub" in text:
+        return ("the kernel stopped answering after a cell (code in the notebook broke the kernel "
+                "or blocked it); the notebook could not be graded")
+    if "CellTimeoutError" in text or "UnresponsiveKernelError" in text:
+        return "a cell ran past the time limit and could not be interrupted; the notebook could not be graded"
+    causes = [line.strip() for line in text.splitlines()
+              if re.match(r"\s*[\w.]+(Error|Exception): ", line) and "NbGraderException" not in line]
+    last = causes[-1:] or [line for line in text.strip().splitlines() if line.strip()][-1:] or ["unknown error"]
     return f"nbgrader autograde failed: {last[0]}"

@@ -17,6 +17,8 @@ import warnings
 import numpy as np
 import torch
 
+from autograder import guard
+
 
 class Forbidden(Exception):
     """Raised when the student's code calls a function the exercise asks them to write."""
@@ -69,12 +71,13 @@ def forbid(targets, advice):
 
 def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", **kwargs):
     """Call the student's `fn` quietly; return its result or raise a teaching AssertionError."""
+    guard.verify()
     name = name or getattr(fn, "__name__", "your function")
     if not callable(fn):
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
     try:
         with quiet(), reference_globals(fn, **(helpers or {})), forbid(forbidden, forbidden_advice):
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
     except NotImplementedError:
         raise
     except Forbidden as error:
@@ -82,6 +85,34 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     except Exception as error:
         shapes = ", ".join(describe(a) for a in args)
         raise AssertionError(f"{name}({shapes}) raised {type(error).__name__}: {error}") from None
+    expect_plain(result, name)
+    return result
+
+
+PLAIN_TYPES = (str, bytes, int, float, complex, bool, type(None), np.generic)
+
+
+def expect_plain(value, name, depth=0):
+    """Refuse results that could fake a comparison: a class defined in the notebook (say, one whose
+    `__eq__` is always true) or a tensor/array subclass (whose `__torch_function__` could be)."""
+    kind = type(value)
+    if isinstance(value, torch.nn.Module) or kind in PLAIN_TYPES or callable(value) and kind.__module__ != "__main__":
+        return
+    if torch.is_tensor(value) and kind not in (torch.Tensor, torch.nn.Parameter):
+        raise AssertionError(f"{name} returned a {kind.__name__}, a subclass of torch.Tensor; "
+                             "return a plain torch.Tensor.")
+    if isinstance(value, np.ndarray) and kind is not np.ndarray:
+        raise AssertionError(f"{name} returned a {kind.__name__}, a subclass of numpy.ndarray; "
+                             "return a plain array or tensor.")
+    if kind.__module__ == "__main__":
+        raise AssertionError(f"{name} returned a {kind.__name__}, a class defined in your notebook. "
+                             "Return plain values (a list, str, int, float, dict or torch.Tensor), "
+                             "which the tests can compare.")
+    if depth < 3 and kind in (list, tuple, set, frozenset, dict):
+        items = list(value.items()) if kind is dict else value
+        for item in list(items)[:1000]:
+            for part in (item if kind is dict else (item,)):
+                expect_plain(part, name, depth + 1)
 
 
 def describe(value):

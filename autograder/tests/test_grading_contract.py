@@ -8,7 +8,8 @@ import pytest
 
 from autograder.config import REPO_ROOT
 from autograder.grading import check_notebook
-from autograder.tests.conftest import released_path, scores_by_test, solution_path, student_notebook
+from autograder.submissions import released_path, solution_path, student_notebook
+from autograder.tests.conftest import scores_by_test
 from autograder.tests.variants import self_attention as variants
 
 EXEMPLAR = "04_self_attention"

@@ -10,8 +10,8 @@ from nbclient import NotebookClient
 from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids
 from autograder.grading import autograde, check_notebook
 from autograder.release import release
-from autograder.tests.conftest import (is_answer_cell, reference_answers, released_path,
-                                       solution_path, student_notebook)
+from autograder.submissions import (is_answer_cell, reference_answers, released_path,
+                                    solution_path, student_notebook)
 
 ASSIGNMENTS = assignment_ids()
 EXECUTION_BUDGET_SECONDS = 15

@@ -1,7 +1,8 @@
 """Test strength: every mutant loses points with a teaching message; every alternative scores 100%."""
 import pytest
 
-from autograder.tests.conftest import scores_by_test, student_notebook
+from autograder.submissions import student_notebook
+from autograder.tests.conftest import scores_by_test
 from autograder.tests.variants import variants_by_assignment
 
 VARIANTS = variants_by_assignment()
