@@ -15,6 +15,13 @@ help:  ## list the targets
 
 env: $(STAMP)  ## create .venv with the exact pins from environment.yml
 
+# The browser test (autograder/tests/test_browser.py) drives Debian's Chromium, because Playwright's
+# own browser download needs the internet. Installed only when missing; CI runs as root.
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+	  || { echo "the browser test needs Chromium at $@: install it, or set CHROMIUM=/path/to/chromium"; exit 1; }
+
 $(STAMP): environment.yml pyproject.toml tools/pins.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) tools/pins.py > $(VENV)/requirements.txt
@@ -29,7 +36,7 @@ lab: env  ## open JupyterLab on the student notebooks in course/
 # Tests and grading never touch the network; `make lab` leaves HF_HUB_OFFLINE to the learner.
 test check release: export HF_HUB_OFFLINE := 1
 
-test: env  ## run the whole test suite (offline)
+test: env $(CHROMIUM)  ## run the whole test suite (offline)
 	$(BIN)/python -m pytest -n $(JOBS) --durations=15
 
 release: env  ## regenerate course/ from solutions/ with nbgrader generate_assignment
