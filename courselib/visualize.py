@@ -49,7 +49,8 @@ def _modules_script():
 
 def offline_html(html):
     """bertviz's HTML (html_action="return") with every CDN address replaced by an inlined copy."""
-    missing = [address for address in [REQUIRE_JS_TAG] + [cdn for cdn, _ in MODULES.values()] if address not in html]
+    addresses = [REQUIRE_JS_TAG] + [cdn for cdn, _ in MODULES.values()]
+    missing = [address for address in addresses if address not in html]
     if missing:
         raise RuntimeError(f"bertviz {version('bertviz')} no longer names {missing}: "
                            "courselib.visualize was written for bertviz 1.4.1; update MODULES and "

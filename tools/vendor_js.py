@@ -64,7 +64,8 @@ def check():
     sums = read_sums()
     expected = {dest for *_, files in PACKAGES for dest in files.values()} | set(KEPT_BY_HAND)
     problems = [f"SHA256SUMS has no pin for {name}" for name in sorted(expected - set(sums))]
-    problems += [f"SHA256SUMS pins {name}, which no package here provides" for name in sorted(set(sums) - expected)]
+    problems += [f"SHA256SUMS pins {name}, which no package here provides"
+                 for name in sorted(set(sums) - expected)]
     for name, digest in sorted(sums.items()):
         path = STATIC_DIR / name
         if not path.is_file():
