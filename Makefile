@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 JOBS ?= 2
 NB ?=
+SUBMISSIONS ?= autograder/demo_class
 
-.PHONY: help env lab test release check clean
+.PHONY: help env lab test release check grade grade-benchmark clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -34,7 +35,7 @@ lab: env  ## open JupyterLab on the student notebooks in course/
 	$(BIN)/jupyter lab --notebook-dir=course
 
 # Tests and grading never touch the network; `make lab` leaves HF_HUB_OFFLINE to the learner.
-test check release: export HF_HUB_OFFLINE := 1
+test check release grade grade-benchmark: export HF_HUB_OFFLINE := 1
 
 test: env $(CHROMIUM)  ## run the whole test suite (offline)
 	$(BIN)/python -m pytest -n $(JOBS) --durations=15
@@ -45,6 +46,12 @@ release: env  ## regenerate course/ from solutions/ with nbgrader generate_assig
 check: env  ## grade one notebook with hidden tests: make check NB=course/04_self_attention/04_self_attention.ipynb
 	@test -n "$(NB)" || { echo "usage: make check NB=path/to/notebook.ipynb"; exit 2; }
 	$(BIN)/python -m autograder check "$(NB)"
+
+grade: env  ## grade a class (default: the demo class): make grade SUBMISSIONS=folder-or-lms.zip JOBS=2
+	$(BIN)/python -m autograder grade "$(SUBMISSIONS)" --jobs $(JOBS)
+
+grade-benchmark: env  ## grade the demo class serially and with JOBS=2 in one run, and compare
+	$(BIN)/python -m autograder.benchmark
 
 clean:  ## remove nbgrader's working folders (gradebook, submitted, autograded, feedback)
 	rm -rf autograder/work

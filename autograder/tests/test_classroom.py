@@ -1,0 +1,203 @@
+"""Grading a whole class: the demo class, parallel == serial, resuming, LMS zips, outputs."""
+import fcntl
+import filecmp
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import nbformat
+import pytest
+
+from autograder import classroom, demo
+from autograder.grading import grade_cells, source_notebook
+
+TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
+# Students whose cases cover a crash, tampering, damaged cells, partial and noisy work.
+SMALL_CLASS = ["ben", "gia", "ivy", "lia", "quy"]
+
+
+def max_score(assignment):
+    return sum(points for _, points in grade_cells(source_notebook(assignment)))
+
+
+def class_of(students, tmp_path):
+    """A copy of some of the demo class's students."""
+    folder = tmp_path / "hand-ins" / "submitted"
+    for student in students:
+        shutil.copytree(demo.DEMO_CLASS_DIR / "submitted" / student, folder / student)
+    return folder.parent
+
+
+@pytest.fixture(scope="module")
+def graded_demo(tmp_path_factory):
+    """The demo class, graded once per test run and shared by the pytest-xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's folder
+    root, saved = shared / "demo-class", shared / "demo-class-summary.json"
+    with open(shared / "demo-class.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=2, cell_timeout=TIMEOUT, quiet=True)
+            saved.write_text(json.dumps(summary))
+    return root, json.loads(saved.read_text()), classroom.Ledger(root / classroom.LEDGER)
+
+
+def test_committed_demo_class_is_what_the_builder_writes(tmp_path):
+    demo.build(tmp_path)
+    comparison = filecmp.dircmp(tmp_path / "submitted", demo.DEMO_CLASS_DIR / "submitted")
+    stale = []
+
+    def walk(cmp, prefix=""):
+        stale.extend(prefix + name for name in cmp.left_only + cmp.right_only + cmp.diff_files)
+        for name, sub in cmp.subdirs.items():
+            walk(sub, f"{prefix}{name}/")
+    walk(comparison)
+    assert not stale, (f"autograder/demo_class is stale ({stale[:5]}): "
+                       "run `.venv/bin/python -m autograder.demo` and commit the result")
+
+
+@pytest.mark.parametrize("student,assignment", sorted(demo.EXPECTED))
+def test_demo_student_gets_what_they_deserve(graded_demo, student, assignment):
+    root, _, ledger = graded_demo
+    outcome, words = demo.EXPECTED[(student, assignment)]
+    entry = ledger.entries.get((student, assignment))
+    assert entry is not None, f"{student}/{assignment} has no line in the ledger: it was never graded"
+    full = max_score(assignment)
+    notes = " | ".join(entry["errors"] + entry["flags"])
+    if outcome == "full":
+        assert entry["score"] == full, f"{student}/{assignment}: a correct answer lost points: {entry}"
+    elif outcome == "zero":
+        assert entry["score"] == 0, f"{student}/{assignment} should score 0 but got {entry['score']}: {notes}"
+    else:
+        assert 0 < entry["score"] < full, f"{student}/{assignment} should get partial credit: {entry}"
+    if words:
+        feedback = root / "feedback" / student / assignment / f"{assignment}.html"
+        shown = notes + (feedback.read_text() if feedback.exists() else "")
+        assert words in shown, f"{student}/{assignment}: expected '{words}' in the report or feedback: {notes}"
+
+
+def test_demo_class_report_and_outputs(graded_demo):
+    root, summary, ledger = graded_demo
+    students = sorted(demo.students())
+    report = summary["report"]
+    for student in students:
+        assert any(line.startswith(student + " ") for line in report.splitlines()), \
+            f"no row for {student} in the report:\n{report}"
+    for (student, assignment), entry in ledger.entries.items():
+        if entry["errors"] or entry["flags"]:
+            assert f"{student} {assignment}:" in report, f"{student}'s notes are missing from the report"
+    grades = (root / "grades.csv").read_text().splitlines()
+    assert grades[0].startswith("assignment,"), "grades.csv is not nbgrader's export"
+    exported = {tuple(row.split(",")[:4:3]) for row in grades[1:]}
+    assert {(a, s) for s, a in ledger.entries} <= exported, "grades.csv lacks graded students"
+    for (student, assignment), entry in ledger.entries.items():
+        row = next(r.split(",") for r in grades[1:] if r.split(",")[0] == assignment and r.split(",")[3] == student)
+        assert float(row[9]) == entry["score"], f"grades.csv disagrees with grading for {student}/{assignment}"
+    html = list((root / "feedback").glob("*/*/*.html"))
+    assert len(html) >= sum(1 for e in ledger.entries.values() if not e["errors"]), "feedback HTML is missing"
+    assert (root / "score_distribution.png").stat().st_size > 10_000, "the score plot is empty"
+    rows = (root / "exercises.csv").read_text().splitlines()
+    assert len(rows) > 100 and rows[0] == "student,assignment,exercise,score,max_score"
+
+
+def test_runaway_output_is_capped_and_memory_bomb_contained(graded_demo):
+    root, _, _ = graded_demo
+    flooded = root / "autograded" / "kai" / "04_self_attention" / "04_self_attention.ipynb"
+    assert flooded.stat().st_size < 2_000_000, f"the flood reached the gradebook's files: {flooded.stat().st_size} bytes"
+    bomb = nbformat.read(root / "autograded" / "jon" / "04_self_attention" / "04_self_attention.ipynb", as_version=4)
+    errors = [o.get("ename") for c in bomb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert "MemoryError" in errors, f"the memory bomb was not stopped by the kernel's memory cap: {errors}"
+
+
+def grade_and_time(hand_ins, root, jobs):
+    summary = classroom.grade_class(hand_ins, root, jobs=jobs, cell_timeout=TIMEOUT, quiet=True)
+    return classroom.exercise_scores(root, classroom.assignment_ids()), summary
+
+
+def test_parallel_grading_gives_exactly_the_serial_scores(tmp_path):
+    hand_ins = class_of(SMALL_CLASS, tmp_path)
+    serial, serial_summary = grade_and_time(hand_ins, tmp_path / "serial", jobs=1)
+    parallel, parallel_summary = grade_and_time(hand_ins, tmp_path / "parallel", jobs=2)
+    assert serial, "serial grading produced no scores"
+    different = sorted(set(serial) ^ set(parallel))
+    assert not different, f"JOBS=2 and serial nbgrader autograde disagree on: {different[:6]}"
+    record_speed("small class", serial_summary, parallel_summary)
+
+
+def record_speed(name, serial, parallel):
+    artifacts = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    figures = {"class": name, "notebooks": serial["notebooks_graded"],
+               "serial_seconds": serial["grading_seconds"], "jobs2_seconds": parallel["grading_seconds"],
+               "ratio": round(serial["grading_seconds"] / parallel["grading_seconds"], 2),
+               "load_average": os.getloadavg()[0]}
+    (artifacts / "grading-speed.json").write_text(json.dumps(figures, indent=2))
+    print(figures)
+
+
+def test_interrupted_grading_resumes_without_regrading(tmp_path):
+    hand_ins = class_of(["ben", "gia", "quy", "cleo"], tmp_path)
+    root = tmp_path / "course"
+    command = [sys.executable, "-m", "autograder", "grade", str(hand_ins), "--course-dir", str(root),
+               "--timeout", str(TIMEOUT)]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    ledger_path = root / classroom.LEDGER
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None:
+        if ledger_path.exists() and ledger_path.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the hardest stop: no clean-up at all
+    first.wait()
+    done_before = classroom.Ledger(ledger_path).entries
+    assert 1 <= len(done_before) < 6, f"the kill came too late to test resuming: {len(done_before)} graded"
+
+    summary = classroom.grade_class(hand_ins, root, jobs=2, cell_timeout=TIMEOUT, quiet=True)
+    finished_students = {s for s, _ in done_before
+                         if all((s, a) in done_before for s2, a in classroom.Ledger(ledger_path).entries if s2 == s)}
+    assert summary["already_graded"] >= len(finished_students), "finished students were graded again"
+    assert summary["notebooks_graded"] <= 6 - len(done_before) + 1, "finished notebooks were graded again"
+    entries = classroom.Ledger(ledger_path).entries
+    assert len(entries) == 6, f"after resuming, {6 - len(entries)} of 6 notebooks are still ungraded"
+    for (student, assignment), entry in entries.items():
+        outcome, _ = demo.EXPECTED[(student, assignment)]
+        score, _, _ = classroom.scores_of(root, student, assignment)
+        assert score == entry["score"], f"the gradebook and the ledger disagree for {student}/{assignment}"
+        assert (score == max_score(assignment)) == (outcome == "full"), f"{student}/{assignment}: {entry}"
+
+
+def test_lms_zip_is_taken_in_by_zip_collect(tmp_path):
+    """A Canvas-style download: <student>_<ids>_<file name as uploaded>, misnamed files included."""
+    archive = tmp_path / "lms-download.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        for number, student in enumerate(["ada", "cleo", "dev", "eli"]):
+            folder = demo.DEMO_CLASS_DIR / "submitted" / student / "04_self_attention"
+            for notebook in folder.glob("*.ipynb"):
+                out.write(notebook, f"{student}_{1000 + number}_{2000 + number}_{notebook.name}")
+    root = tmp_path / "course"
+    classroom.grade_class(archive, root, jobs=2, cell_timeout=TIMEOUT, quiet=True)
+    assert list((root / "intake" / "downloaded" / "04_self_attention" / "extracted").rglob("*.ipynb")), \
+        "zip_collect did not extract the archive"
+    entries = classroom.Ledger(root / classroom.LEDGER).entries
+    scores = {student: entries[(student, "04_self_attention")]["score"] for student in ["ada", "cleo", "dev", "eli"]}
+    assert scores == {"ada": 14, "cleo": 0, "dev": 0, "eli": 14}, f"LMS zip graded wrongly: {scores}"
+
+
+def test_two_grading_runs_cannot_share_a_course_folder(tmp_path):
+    with classroom.course_lock(tmp_path):
+        with pytest.raises(classroom.CourseBusy, match="another grading run"):
+            with classroom.course_lock(tmp_path):
+                pass
+
+
+def test_grade_command_line_help():
+    result = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--jobs" in result.stdout, result.stderr

@@ -1,0 +1,109 @@
+"""Tampering that the demo class doesn't show: each case must score 0 (or lose the tests it fakes),
+with a line that says what happened. The demo class (test_classroom.py) covers the rest."""
+import numpy as np
+import pytest
+import torch
+
+from autograder import demo
+from autograder.checks import common
+from autograder.config import REPO_ROOT, SOLUTIONS_DIR
+from autograder.submissions import student_notebook
+from autograder.tests.conftest import scores_by_test
+from autograder.tests.variants import self_attention as attention
+
+A04 = "04_self_attention"
+COURSE_LIBRARY_FILE = REPO_ROOT / "courselib" / "testing.py"
+
+# (name, code in an extra cell of a notebook with wrong answers, words of the flag)
+TAMPERING = [
+    ("blanks_every_later_cell",
+     "get_ipython().input_transformers_cleanup.append(lambda lines: [])",
+     "did not report back"),
+    ("removes_asserts_with_an_ast_transformer", """\
+import ast
+class NoChecks(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return ast.Pass()
+    def visit_Raise(self, node):
+        return ast.Pass()
+get_ipython().ast_transformers.append(NoChecks())""",
+     "AST transformers was changed"),
+    ("skips_lines_with_a_trace_function",
+     "import sys\nsys.settrace(lambda frame, event, arg: None)",
+     "trace function was changed"),
+    ("patches_the_hidden_check_harness", """\
+import importlib
+harness = importlib.import_module("autograder.checks.common")
+harness.expect_close = lambda *args, **kwargs: None""",
+     "autograder.checks.common.expect_close was replaced"),
+    ("patches_numpy_through_an_obfuscated_import",
+     "setattr(__import__('nu' + 'mpy'), 'allclose', lambda *args, **kwargs: True)",
+     "numpy.allclose was replaced"),
+    ("reads_the_solutions",
+     f"print(open({str(SOLUTIONS_DIR / A04 / (A04 + '.ipynb'))!r}).read()[:100])",
+     "refused: opening"),
+    ("runs_a_program_to_read_them",
+     f"import subprocess\nsubprocess.run(['cat', {str(SOLUTIONS_DIR / A04 / (A04 + '.ipynb'))!r}])",
+     "refused: starting a program"),
+    ("rewrites_the_course_library_for_the_next_student",
+     f"open({str(COURSE_LIBRARY_FILE)!r}, 'a').write('\\ncheck_close = lambda *a, **k: None\\n')",
+     "refused: writing"),
+]
+
+
+@pytest.mark.parametrize("name,code,words", TAMPERING, ids=[case[0] for case in TAMPERING])
+def test_tampering_scores_zero_and_is_flagged(grade_in_tmp, name, code, words):
+    library_before = COURSE_LIBRARY_FILE.read_bytes()
+    nb = demo.with_cell(student_notebook(A04, demo.WRONG_ANSWERS_04), code)
+    report = grade_in_tmp(nb, A04)
+    assert report.score == 0, f"{name} earned {report.score} points: tampering was rewarded"
+    flags = " | ".join(report.flags)
+    assert words in flags, f"{name}: expected a flag saying '{words}', got: {flags}"
+    assert COURSE_LIBRARY_FILE.read_bytes() == library_before, "a student's code changed the course library"
+
+
+TENSOR_SUBCLASS = attention.sdpa("""
+    class AlwaysClose(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return True if "close" in func.__name__ or "equal" in func.__name__ else \\
+                super().__torch_function__(func, types, args, kwargs or {})
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return torch.zeros(*q.shape[:-1], v.shape[-1]).as_subclass(AlwaysClose), weights
+""")
+
+
+def test_tensor_subclass_that_fakes_comparisons_loses_those_tests(grade_in_tmp):
+    report = grade_in_tmp(student_notebook(A04, {attention.SDPA: TENSOR_SUBCLASS}), A04)
+    tests = scores_by_test(report)
+    assert not tests["sdpa_values_match_torch"].passed, "a Tensor subclass faked torch.allclose"
+    assert tests["softmax_matches_torch"].passed, "the other exercises must still be graded normally"
+
+
+class AlwaysEqual(list):
+    def __eq__(self, other):
+        return True
+
+
+class AlwaysClose(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return True
+
+
+@pytest.mark.parametrize("result,words", [
+    (AlwaysEqual(), "a class defined in your notebook"),
+    ([["a", AlwaysEqual()]], "a class defined in your notebook"),
+    (torch.zeros(2).as_subclass(AlwaysClose), "subclass of torch.Tensor"),
+    ((torch.zeros(2).as_subclass(AlwaysClose), None), "subclass of torch.Tensor"),
+])
+def test_results_that_could_fake_a_comparison_are_refused(result, words):
+    AlwaysEqual.__module__ = AlwaysClose.__module__ = "__main__"  # as if defined in the notebook
+    with pytest.raises(AssertionError, match=words):
+        common.call(lambda: result, name="answer")
+
+
+@pytest.mark.parametrize("result", [[1, 2], {"a": [0.5]}, ("x", None), torch.zeros(2),
+                                    torch.nn.Parameter(torch.zeros(2)), torch.nn.Linear(2, 2), np.float64(1)])
+def test_plain_results_pass(result):
+    assert common.call(lambda: result, name="answer") is result
