@@ -31,8 +31,10 @@ $(STAMP): environment.yml pyproject.toml tools/pins.py
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (transformers course)" > /dev/null
 	@touch $@
 
+# Started from autograder/ so that nbgrader's Validate button and formgrader read the course's
+# nbgrader_config.py (nbgrader looks in the server's working folder).
 lab: env  ## open JupyterLab on the student notebooks in course/
-	$(BIN)/jupyter lab --notebook-dir=course
+	cd autograder && ../$(BIN)/jupyter lab --notebook-dir=../course
 
 # Tests and grading never touch the network; `make lab` leaves HF_HUB_OFFLINE to the learner.
 test check release grade grade-benchmark: export HF_HUB_OFFLINE := 1
