@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -33,8 +32,7 @@ import zipfile
 import nbformat
 
 from autograder import grading
-from autograder.config import (CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids,
-                               guard_environment, nbgrader_config)
+from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
 
 CLASS_DIR = WORK_DIR / "class"
 DEMO_CLASS_DIR = REPO_ROOT / "autograder" / "demo_class"
@@ -164,13 +162,6 @@ def identify(path, name=None):
     return grading.identify_assignment(pathlib.Path("unknown.ipynb"), nb)
 
 
-def digest_of(folder):
-    sha = hashlib.sha256()
-    for path in sorted(p for p in pathlib.Path(folder).rglob("*") if p.is_file()):
-        sha.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return sha.hexdigest()[:16]
-
-
 def intake(source, root, assignments, done):
     """Copy hand-ins into the class's `submitted/`, checked and normalised; return the Items and
     lines about folders that are not assignments.
@@ -186,7 +177,7 @@ def intake(source, root, assignments, done):
                 strays.append(f"{student_dir.name}: folder '{assignment_dir.name}' is not an assignment "
                               "of this course: not graded")
                 continue
-            item = Item(student_dir.name, assignment_dir.name, digest_of(assignment_dir))
+            item = Item(student_dir.name, assignment_dir.name, grading.folder_digest(assignment_dir))
             items.append(item)
             if done.get((item.student, item.assignment)) == item.digest:
                 continue
@@ -237,7 +228,7 @@ def autograde_student(config, student, assignments):
     log_path.parent.mkdir(parents=True, exist_ok=True)
     for assignment in assignments:
         start = time.perf_counter()
-        with grading._kernel_stderr_to(log_path) as log, grading.environment(guard_environment(config)):
+        with grading._kernel_stderr_to(log_path) as log, grading.environment(grading.kernel_environment(config)):
             result = api.autograde(assignment, student)
         error = None if result["success"] else grading._autograde_error(result, log.read_text())
         results[assignment] = {"seconds": round(time.perf_counter() - start, 2), "error": error}
