@@ -5,8 +5,9 @@ The grader starts each notebook in `autograder.kernel`, which calls `install()` 
   builtins, the check harness) and IPython's cell machinery (input and AST transformers, exception
   handlers, tracebacks). `changes()` lists everything a student's code has replaced since.
 - an audit hook (which Python code cannot remove) refuses to open the grader's files (solutions,
-  gradebook, other students' submissions), to write outside the notebook's folder and the temp
-  folder, and to start programs, and remembers each refusal.
+  gradebook, other students' submissions), to write into the course, the grading folder or the
+  Python environment (anywhere but the notebook's own folder), and to start programs, and
+  remembers each refusal.
 - `verify()` is called by every hidden check: a replaced function fails the test with a message.
 - `report()` is the last cell the grader runs (see `autograder.execute`): it publishes all findings
   as one display message, which the grader reads outside the kernel. A notebook whose report is
@@ -103,7 +104,6 @@ def _inside(path, roots):
 
 def _make_audit_hook(denied, read_only):
     own = [os.path.realpath(os.getcwd())]  # the notebook's own folder: anything goes
-    scratch = [os.path.realpath(__import__("tempfile").gettempdir())]
     realpath, inside, refusals = os.path.realpath, _inside, _refusals
 
     def refuse(what):
@@ -116,9 +116,7 @@ def _make_audit_hook(denied, read_only):
         full = realpath(os.fsdecode(path))
         if inside(full, own):
             return
-        if inside(full, denied):
-            refuse(f"{action} {full}")
-        if writing and inside(full, read_only) and not inside(full, scratch):
+        if inside(full, denied) or (writing and inside(full, read_only)):
             refuse(f"{action} {full}")
 
     def hook(event, args):

@@ -306,6 +306,14 @@ def browser(lab):
             context.close()
 
 
+def expect_clean_run(browser, course, assignment):
+    """The notebook, saved from the browser, has no error outputs, and the page shows no stderr."""
+    saved = browser.save(course / assignment / f"{assignment}.ipynb")
+    assert not error_outputs(saved), f"{assignment} with the reference answers raised: {error_outputs(saved)}"
+    shown = browser.stderr_outputs()
+    assert not shown, f"{assignment} shows error or stderr outputs in JupyterLab: {shown}"
+
+
 def test_course_in_jupyterlab(lab, browser):
     page, course = browser.page, lab.root / "course"
     try:
@@ -326,10 +334,7 @@ def test_course_in_jupyterlab(lab, browser):
         with browser.step("run all cells of 04", timing="run_04_s"):
             browser.run_all()
         with browser.step("04 outputs"):
-            saved = browser.save(course / "04_self_attention" / "04_self_attention.ipynb")
-            assert not error_outputs(saved), f"04 with the reference answers raised: {error_outputs(saved)}"
-            shown = browser.stderr_outputs()
-            assert not shown, f"04 shows error or stderr outputs in JupyterLab: {shown}"
+            expect_clean_run(browser, course, "04_self_attention")
             heatmap_cells = browser.notebook.locator(".jp-CodeCell", has_text="plot_attention(")
             assert heatmap_cells.count() == 2, (
                 f"expected the 2 cells of 04 that draw attention heatmaps, found {heatmap_cells.count()}")
@@ -368,10 +373,7 @@ def test_course_in_jupyterlab(lab, browser):
         with browser.step("run all cells of 08", timing="run_08_s"):
             browser.run_all()
         with browser.step("08 outputs"):
-            saved = browser.save(course / "08_bert_fill_mask" / "08_bert_fill_mask.ipynb")
-            assert not error_outputs(saved), f"08 with the reference answers raised: {error_outputs(saved)}"
-            shown = browser.stderr_outputs()
-            assert not shown, f"08 shows error or stderr outputs in JupyterLab: {shown}"
+            expect_clean_run(browser, course, "08_bert_fill_mask")
             loss_curve = browser.notebook.locator(".jp-CodeCell", has_text="LiveLossPlot(").locator(
                 ".jp-OutputArea-output img")
             assert loss_curve.count() >= 1, "08's pre-training cell shows no loss curve"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import demo
+from autograder import demo, guard
 from autograder.checks import common
 from autograder.config import REPO_ROOT, SOLUTIONS_DIR
 from autograder.submissions import student_notebook
@@ -55,11 +55,15 @@ harness.expect_close = lambda *args, **kwargs: None""",
 def test_tampering_scores_zero_and_is_flagged(grade_in_tmp, name, code, words):
     library_before = COURSE_LIBRARY_FILE.read_bytes()
     nb = demo.with_cell(student_notebook(A04, demo.WRONG_ANSWERS_04), code)
-    report = grade_in_tmp(nb, A04)
+    try:
+        report = grade_in_tmp(nb, A04)
+        assert COURSE_LIBRARY_FILE.read_bytes() == library_before, "a student's code changed the course library"
+    finally:  # never let a failure here poison the other tests
+        if COURSE_LIBRARY_FILE.read_bytes() != library_before:
+            COURSE_LIBRARY_FILE.write_bytes(library_before)
     assert report.score == 0, f"{name} earned {report.score} points: tampering was rewarded"
     flags = " | ".join(report.flags)
     assert words in flags, f"{name}: expected a flag saying '{words}', got: {flags}"
-    assert COURSE_LIBRARY_FILE.read_bytes() == library_before, "a student's code changed the course library"
 
 
 TENSOR_SUBCLASS = attention.sdpa("""
@@ -107,3 +111,16 @@ def test_results_that_could_fake_a_comparison_are_refused(result, words):
                                     torch.nn.Parameter(torch.zeros(2)), torch.nn.Linear(2, 2), np.float64(1)])
 def test_plain_results_pass(result):
     assert common.call(lambda: result, name="answer") is result
+
+
+def test_audit_hook_refuses_writes_into_read_only_folders_even_under_the_temp_folder(tmp_path):
+    """A CI clone lives under /tmp: the temp folder must not make the course writable."""
+    hook = guard._make_audit_hook(denied=[str(tmp_path / "solutions")], read_only=[str(tmp_path)])
+    hook("open", (str(tmp_path / "courselib" / "testing.py"), "r", 0))  # reading is fine
+    with pytest.raises(PermissionError, match="writing"):
+        hook("open", (str(tmp_path / "courselib" / "testing.py"), "a", 0))
+    with pytest.raises(PermissionError, match="opening"):
+        hook("open", (str(tmp_path / "solutions" / "04.ipynb"), "r", 0))
+    with pytest.raises(PermissionError, match="starting a program"):
+        hook("subprocess.Popen", ("cat", ["cat"], None, None))
+    hook("open", (str(tmp_path.parent / "elsewhere.txt"), "w", 0))  # scratch files elsewhere are fine
