@@ -201,3 +201,13 @@ def test_grade_command_line_help():
     result = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--jobs" in result.stdout, result.stderr
+
+
+def test_intake_reports_folders_that_are_not_assignments(tmp_path):
+    hand_ins = class_of(["eli"], tmp_path)
+    (hand_ins / "submitted" / "eli" / "homework4").mkdir()
+    (hand_ins / "submitted" / "eli" / "homework4" / "notes.ipynb").write_text("{}")
+    items, strays = classroom.intake(hand_ins, tmp_path / "course", classroom.assignment_ids(), {})
+    assert [(i.student, i.assignment) for i in items] == [("eli", "04_self_attention")]
+    assert strays == ["eli: folder 'homework4' is not an assignment of this course: not graded"], strays
+    assert items[0].flags == ["notebook handed in as 'Copy of my homework.ipynb'; graded as 04_self_attention.ipynb"]
