@@ -29,6 +29,8 @@ $(STAMP): environment.yml pyproject.toml tools/pins.py
 	$(BIN)/pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (transformers course)" > /dev/null
+	@# matplotlib's font cache, built now: otherwise a learner's first plot prints a notice on stderr
+	$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null
 	@touch $@
 
 # Started from autograder/ so that nbgrader's Validate button and formgrader read the course's
