@@ -30,6 +30,8 @@ import warnings
 import zipfile
 
 import nbformat
+from nbgrader.plugins import FileNameCollectorPlugin
+from traitlets import Unicode
 
 from autograder import grading
 from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
@@ -122,31 +124,25 @@ def collect_zip(zip_path, root):
         shutil.copy(zip_path, archive_dir)
         app = ZipCollectApp(config=config)
         app.log.setLevel(logging.ERROR)
-        with contextlib.redirect_stdout(None), grading._kernel_stderr_to(staging / "zip_collect.log"):
+        with contextlib.redirect_stdout(None), grading.kernel_stderr_to(staging / "zip_collect.log"):
             app.initialize([assignment])
             app.start()
     return staging / "submitted"
 
 
-def _lms_collector():
-    from nbgrader.plugins import FileNameCollectorPlugin
-    from traitlets import Unicode
+class LmsCollector(FileNameCollectorPlugin):
+    """Collects the files of one assignment from an LMS download, renamed to the source's name."""
+    assignment = Unicode("", help="the assignment being collected").tag(config=True)
 
-    class LmsCollector(FileNameCollectorPlugin):
-        """Collects the files of one assignment from an LMS download, renamed to the source's name."""
-        assignment = Unicode("", help="the assignment being collected").tag(config=True)
-
-        def collect(self, submitted_file):
-            found = self._match(os.path.basename(submitted_file)) if submitted_file.endswith(".ipynb") else None
-            if not found:
-                return None
-            which = identify(pathlib.Path(submitted_file), found["file_id"])
-            if which != self.assignment:
-                return None  # another assignment's file: collected when that one is
-            found["file_id"] = f"{self.assignment}.ipynb"
-            return found
-
-    return LmsCollector
+    def collect(self, submitted_file):
+        found = self._match(os.path.basename(submitted_file)) if submitted_file.endswith(".ipynb") else None
+        if not found:
+            return None
+        which = identify(pathlib.Path(submitted_file), found["file_id"])
+        if which != self.assignment:
+            return None  # another assignment's file: collected when that one is
+        found["file_id"] = f"{self.assignment}.ipynb"
+        return found
 
 
 def identify(path, name=None):
@@ -228,9 +224,9 @@ def autograde_student(config, student, assignments):
     log_path.parent.mkdir(parents=True, exist_ok=True)
     for assignment in assignments:
         start = time.perf_counter()
-        with grading._kernel_stderr_to(log_path) as log, grading.environment(grading.kernel_environment(config)):
+        with grading.kernel_stderr_to(log_path) as log, grading.environment(grading.kernel_environment(config)):
             result = api.autograde(assignment, student)
-        error = None if result["success"] else grading._autograde_error(result, log.read_text())
+        error = None if result["success"] else grading.autograde_error(result, log.read_text())
         results[assignment] = {"seconds": round(time.perf_counter() - start, 2), "error": error}
     return results
 
@@ -302,7 +298,7 @@ def scores_of(root, student, assignment):
     """(score, max_score, guard findings) of a graded notebook, from the gradebook and autograded/."""
     from nbgrader.api import Gradebook, MissingEntry
     config = class_config(root)
-    max_score = sum(p for _, p in grading.grade_cells(grading.source_notebook(assignment)))
+    max_score = grading.max_score(assignment)
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
         try:
             score = gradebook.find_submission(assignment, student).score
@@ -383,7 +379,7 @@ def write_outputs(root, students, assignments):
     config = class_config(root)
     api = nbgrader_api(config)
     root = pathlib.Path(root)
-    with contextlib.redirect_stdout(None), grading._kernel_stderr_to(root / "logs" / "outputs.log"):
+    with contextlib.redirect_stdout(None), grading.kernel_stderr_to(root / "logs" / "outputs.log"):
         for assignment in assignments:
             for student in students:
                 graded = root / "autograded" / student / assignment / f"{assignment}.ipynb"
@@ -463,8 +459,7 @@ def table(ledger, students, assignments):
         cells, total, maximum = [], 0.0, 0.0
         for assignment in assignments:
             entry = ledger.entries.get((student, assignment))
-            max_score = sum(p for _, p in grading.grade_cells(grading.source_notebook(assignment)))
-            maximum += max_score
+            maximum += grading.max_score(assignment)
             if entry is None:
                 cells.append(f"{'-':>5}")
                 continue
@@ -475,7 +470,7 @@ def table(ledger, students, assignments):
             notes += [f"{student} {assignment}: REVIEW {f}" for f in entry["flags"]]
         lines.append(f"{student:<{width}}  " + "  ".join(cells) + f"  {total:g}/{maximum:g}")
     lines.append(f"{'out of':<{width}}  " + "  ".join(
-        f"{sum(p for _, p in grading.grade_cells(grading.source_notebook(a))):>5g}" for a in assignments))
+        f"{grading.max_score(a):>5g}" for a in assignments))
     if notes:
         lines += ["", "! = see the notes:"] + [f"  {note}" for note in notes]
     return "\n".join(lines)
@@ -589,8 +584,6 @@ def main(argv=None):
         return 130
     return 0
 
-
-LmsCollector = _lms_collector()
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:

@@ -8,6 +8,7 @@ teaching messages from the autograded notebook.
 """
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -71,6 +72,12 @@ def grade_cells(nb):
 
 def source_notebook(assignment_id):
     return nbformat.read(SOLUTIONS_DIR / assignment_id / f"{assignment_id}.ipynb", as_version=4)
+
+
+@functools.lru_cache(maxsize=None)
+def max_score(assignment_id):
+    """The points an assignment is worth: the sum over its test cells in the source."""
+    return sum(points for _, points in grade_cells(source_notebook(assignment_id)))
 
 
 def identify_assignment(path, nb=None):
@@ -274,10 +281,10 @@ def _autograde(nb, assignment_id, work, cell_timeout):
     submitted = work / "submitted" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
     submitted.parent.mkdir(parents=True)
     nbformat.write(nb, submitted)
-    with _kernel_stderr_to(work / "kernel-stderr.log") as kernel_log, \
+    with kernel_stderr_to(work / "kernel-stderr.log") as kernel_log, \
             environment(kernel_environment(config)):
         result = api.autograde(assignment_id, STUDENT_ID)
-    errors = [] if result["success"] else [_autograde_error(result, kernel_log.read_text())]
+    errors = [] if result["success"] else [autograde_error(result, kernel_log.read_text())]
 
     autograded_path = work / "autograded" / STUDENT_ID / assignment_id / f"{assignment_id}.ipynb"
     autograded_nb = nbformat.read(autograded_path, as_version=4) if autograded_path.exists() else None
@@ -374,7 +381,7 @@ def environment(variables):
 
 
 @contextlib.contextmanager
-def _kernel_stderr_to(log_path):
+def kernel_stderr_to(log_path):
     """Send stderr (the kernel inherits it) and library warnings to a log while grading."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
@@ -389,7 +396,7 @@ def _kernel_stderr_to(log_path):
             os.close(saved_fd)
 
 
-def _autograde_error(result, kernel_stderr=""):
+def autograde_error(result, kernel_stderr=""):
     text = result.get("error", "") + result.get("log", "") + kernel_stderr
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died while running the notebook (a crash, os._exit or running out of memory)"

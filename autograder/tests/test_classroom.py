@@ -15,15 +15,11 @@ import nbformat
 import pytest
 
 from autograder import classroom, demo
-from autograder.grading import grade_cells, source_notebook
+from autograder.grading import max_score
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
 # Students whose cases cover a crash, tampering, damaged cells, partial and noisy work.
 SMALL_CLASS = ["ben", "gia", "ivy", "lia", "quy"]
-
-
-def max_score(assignment):
-    return sum(points for _, points in grade_cells(source_notebook(assignment)))
 
 
 def class_of(students, tmp_path):
