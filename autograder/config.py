@@ -79,12 +79,13 @@ def autograde_preprocessors():
 def guard_environment(config):
     """What the grading kernel may not open, and may not write (see autograder/guard.py)."""
     from autograder import guard
+    from autograder.kernel_manager import private_socket_folder
     course = config.CourseDirectory
     root = pathlib.Path(course.root)
     denied = [SOLUTIONS_DIR, REPO_ROOT / "autograder" / "tests", WORK_DIR, root / "gradebooks",
               pathlib.Path(course.source_directory), pathlib.Path(course.submitted_directory),
               pathlib.Path(course.autograded_directory), pathlib.Path(course.feedback_directory),
-              root / "gradebook.db", root / "gradebook.db-journal"]
+              root / "gradebook.db", root / "gradebook.db-journal", private_socket_folder()]
     read_only = [REPO_ROOT, root, pathlib.Path(sys.prefix)]
     return {guard.DENY_ENV: os.pathsep.join(map(str, denied)),
             guard.READ_ONLY_ENV: os.pathsep.join(map(str, read_only))}

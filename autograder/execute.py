@@ -1,6 +1,7 @@
 """nbgrader's Execute, hardened for hostile notebooks, and the preprocessor that acts on what it finds.
 
-`GuardedExecute` runs the notebook in the `course-grading` kernel (limits + `autograder.guard`),
+`GuardedExecute` runs the notebook in the `course-grading` kernel (limits + `autograder.guard`,
+reached over private sockets: see kernel_manager.py),
 caps each cell's output while it arrives (a print loop cannot fill the grader's memory; errors are
 always kept, so a flood cannot hide a failing test), and runs one last cell of its own that asks the
 guard what the notebook changed. `ZeroScoresOnTampering` then fails every test cell of a notebook
@@ -10,10 +11,11 @@ import pathlib
 
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader import utils
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Integer, Unicode
 
 from autograder import guard
+from autograder.kernel_manager import PrivateSocketExecute
 
 KERNELSPEC_DIR = pathlib.Path(__file__).resolve().parent / "jupyter" / "kernels"
 GUARD_CELL_SOURCE = "__import__('autograder.guard').guard.report()"
@@ -21,7 +23,7 @@ NO_REPORT = ("the grader's final integrity check did not report back: code in th
              "rewrote, blanked or hid later cells")
 
 
-class GuardedExecute(Execute):
+class GuardedExecute(PrivateSocketExecute):
 
     kernel_name = Unicode("course-grading", help="the grading kernel (autograder/kernel.py)").tag(config=True)
     max_output_bytes_per_cell = Integer(1_000_000, help="output kept per cell; the rest is dropped").tag(config=True)

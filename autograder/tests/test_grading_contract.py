@@ -1,5 +1,6 @@
 """The grading contract of `python -m autograder check PATH --json`, and bad input handled cleanly."""
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -119,6 +120,24 @@ def test_infinite_loop_times_out_and_the_rest_is_graded(tmp_path):
     assert not tests["self_attention_by_hand_values"].passed
     assert "NameError" in tests["self_attention_by_hand_values"].message
     assert report.score == EXEMPLAR_POINTS - 4, "only exercise 1 (4 points) may be lost"
+
+
+def test_grading_and_test_kernels_get_sockets_nobody_else_can_take():
+    """Over TCP, kernels started side by side can be handed the same port ("Address already in use")."""
+    from autograder.config import nbgrader_config
+    from autograder.execute import GuardedExecute
+    from autograder.kernel_manager import private_socket_validator
+    validator = private_socket_validator(config=nbgrader_config())
+    executors = [GuardedExecute(config=nbgrader_config()), validator.preprocessors[-1](parent=validator)]
+    managers = []
+    for executor in executors:
+        executor.nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+        managers.append(executor.create_kernel_manager())
+    assert [m.transport for m in managers] == ["ipc", "ipc"], "grading kernels should use Unix sockets"
+    prefixes = [m.ip for m in managers]
+    assert len(set(prefixes)) == 2 and all(pathlib.Path(p).is_absolute() for p in prefixes), (
+        f"each kernel needs a socket path of its own, not a shared or relative one: {prefixes}")
+    assert all(len(p) < 90 for p in prefixes), f"a Unix socket path must stay short: {prefixes}"
 
 
 def test_kernel_crash_scores_zero_with_a_clear_reason(grade_in_tmp):

@@ -45,6 +45,11 @@ harness.expect_close = lambda *args, **kwargs: None""",
     ("runs_a_program_to_read_them",
      f"import subprocess\nsubprocess.run(['cat', {str(SOLUTIONS_DIR / A04 / (A04 + '.ipynb'))!r}])",
      "refused: starting a program"),
+    ("reads_a_kernel_key_to_send_code_to_another_students_kernel", """\
+import glob, os, tempfile
+keys = glob.glob(os.path.join(tempfile.gettempdir(), f"course-kernels-{os.getuid()}", "*.json"))
+print(open(keys[0]).read())""",
+     "refused: opening"),
     ("rewrites_the_course_library_for_the_next_student",
      f"open({str(COURSE_LIBRARY_FILE)!r}, 'a').write('\\ncheck_close = lambda *a, **k: None\\n')",
      "refused: writing"),

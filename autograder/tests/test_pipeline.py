@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 
 from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids
 from autograder.grading import autograde, check_notebook
+from autograder.kernel_manager import PrivateSocketKernelManager, private_socket_validator
 from autograder.release import release
 from autograder.submissions import (is_answer_cell, reference_answers, released_path,
                                     solution_path, student_notebook)
@@ -59,7 +60,7 @@ def test_released_notebook_scores_zero_and_only_stubs_fail(assignment_id):
 def test_solution_executes_within_budget(assignment_id):
     nb = nbformat.read(solution_path(assignment_id), as_version=4)
     # run beside the notebook's data files, as Jupyter does (outputs stay in memory)
-    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
                             resources={"metadata": {"path": str(solution_path(assignment_id).parent)}})
     start = time.perf_counter()
     client.execute()
@@ -128,9 +129,9 @@ def test_every_exercise_has_an_answer_cell_and_graded_tests(assignment_id):
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
 def test_nbgrader_validator_passes_solution_and_fails_release(assignment_id):
     """nbgrader's Validator (behind JupyterLab's "Validate" button): an empty result means success."""
-    from nbgrader.validator import Validator
-    assert Validator().validate(str(solution_path(assignment_id))) == {}, "the solution fails validation"
-    released = Validator().validate(str(released_path(assignment_id)))
+    assert private_socket_validator().validate(str(solution_path(assignment_id))) == {}, (
+        "the solution fails validation")
+    released = private_socket_validator().validate(str(released_path(assignment_id)))
     assert released.get("failed"), "the untouched release should fail its visible tests"
-    assert Validator(invert=True).validate(str(released_path(assignment_id))) == {}, (
+    assert private_socket_validator(invert=True).validate(str(released_path(assignment_id))) == {}, (
         "`validate --invert`: no test of the untouched release may pass")
