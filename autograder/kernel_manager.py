@@ -28,6 +28,10 @@ def private_socket_prefix():
     """A fresh path prefix for one kernel's sockets (jupyter_client appends -1 ... -5)."""
     folder = private_socket_folder()
     folder.mkdir(mode=0o700, exist_ok=True)
+    status = folder.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        raise PermissionError(f"{folder} must belong to you and be closed to others (chmod 700): "
+                              "kernel keys are kept there")
     return str(folder / uuid.uuid4().hex[:16])
 
 

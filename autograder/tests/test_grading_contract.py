@@ -140,6 +140,15 @@ def test_grading_and_test_kernels_get_sockets_nobody_else_can_take():
     assert all(len(p) < 90 for p in prefixes), f"a Unix socket path must stay short: {prefixes}"
 
 
+def test_kernel_keys_are_never_kept_in_a_folder_others_can_read(tmp_path, monkeypatch):
+    from autograder import kernel_manager
+    monkeypatch.setattr(kernel_manager.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert kernel_manager.private_socket_prefix().startswith(str(tmp_path))
+    kernel_manager.private_socket_folder().chmod(0o755)  # say another user made it first
+    with pytest.raises(PermissionError, match="chmod 700"):
+        kernel_manager.private_socket_prefix()
+
+
 def test_kernel_crash_scores_zero_with_a_clear_reason(grade_in_tmp):
     nb = student_notebook(EXEMPLAR, {"softmax_answer": "import os\nos._exit(1)\n"})
     report = grade_in_tmp(nb, EXEMPLAR)
