@@ -19,13 +19,11 @@ from autograder.execute import KERNELSPEC_DIR
 
 def kernel_floor_seconds(repeats=3):
     """Start the grading kernel (limits, guard, torch imported), run one cell, shut it down."""
-    from jupyter_client.manager import KernelManager
-
-    from autograder.kernel_manager import private_socket_prefix
+    from autograder.kernel_manager import BlockingPrivateSocketKernelManager
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        manager = KernelManager(kernel_name="course-grading", transport="ipc", ip=private_socket_prefix())
+        manager = BlockingPrivateSocketKernelManager(kernel_name="course-grading")
         manager.kernel_spec_manager.kernel_dirs.append(str(KERNELSPEC_DIR))
         manager.start_kernel()
         client = manager.client()

@@ -13,7 +13,7 @@ import pathlib
 import tempfile
 import uuid
 
-from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.manager import AsyncKernelManager, KernelManager
 from nbgrader.preprocessors import Execute
 from traitlets import default
 
@@ -35,8 +35,8 @@ def private_socket_prefix():
     return str(folder / uuid.uuid4().hex[:16])
 
 
-class PrivateSocketKernelManager(AsyncKernelManager):
-    """nbclient's kernel manager, talking to its kernel over private Unix sockets."""
+class PrivateSockets:
+    """Mixed into a jupyter_client kernel manager: its kernel is reached over private Unix sockets."""
 
     @default("transport")
     def _transport_default(self):
@@ -49,6 +49,14 @@ class PrivateSocketKernelManager(AsyncKernelManager):
     @default("ip")
     def _ip_default(self):
         return os.path.splitext(self.connection_file)[0]  # sockets beside the connection file
+
+
+class PrivateSocketKernelManager(PrivateSockets, AsyncKernelManager):
+    """nbclient's (asynchronous) kernel manager on private sockets."""
+
+
+class BlockingPrivateSocketKernelManager(PrivateSockets, KernelManager):
+    """jupyter_client's blocking kernel manager on private sockets (for scripts)."""
 
 
 class PrivateSocketExecute(Execute):
