@@ -1,12 +1,20 @@
 """nbgrader's Execute, hardened for hostile notebooks, and the preprocessor that acts on what it finds.
 
-`GuardedExecute` runs the notebook in the `course-grading` kernel (limits + `autograder.guard`,
-reached over private sockets: see kernel_manager.py),
-caps each cell's output while it arrives (a print loop cannot fill the grader's memory; errors are
-always kept, so a flood cannot hide a failing test), and runs one last cell of its own that asks the
-guard what the notebook changed. `ZeroScoresOnTampering` then fails every test cell of a notebook
-with findings, with the reason, before nbgrader saves the grades.
+`GuardedExecute` runs the notebook in the `course-grading` kernel (limits, the guard and, where the
+machine allows, an OS sandbox: see kernel.py and kernel_manager.py), and
+- arms every test cell with a hidden check, takes the probes' data out of the message stream, and
+  judges each such cell in this process once the notebook has run (autograder/judging.py): the
+  verdict never depends on code running beside the student's;
+- caps output while it arrives, over every message type (streams, display data and its metadata,
+  display updates, results, comms): per cell and per notebook. Errors are always kept (shortened),
+  so a flood cannot hide a failing test, and the saved notebook stays small;
+- runs one last cell of its own that asks the guard what the notebook changed; the report counts
+  only with this run's token, and only once.
+`ZeroScoresOnTampering` then fails every test cell of a notebook with findings, with the reason,
+before nbgrader saves the grades, and records the judges' flags.
 """
+import collections
+import json
 import pathlib
 
 from nbformat.v4 import new_code_cell, new_output
@@ -14,19 +22,25 @@ from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Integer, Unicode
 
-from autograder import guard
+from autograder import guard, judging
+from autograder.checks.common import PROBE_MIME
 from autograder.kernel_manager import PrivateSocketExecute
 
 KERNELSPEC_DIR = pathlib.Path(__file__).resolve().parent / "jupyter" / "kernels"
-GUARD_CELL_SOURCE = "__import__('autograder.guard').guard.report()"
 NO_REPORT = ("the grader's final integrity check did not report back: code in the notebook "
              "rewrote, blanked or hid later cells")
+FORGED_REPORT = "more than one integrity report arrived: code in the notebook forged one"
+MAX_ERROR_CHARS = 20_000      # of one error's message and traceback
+MAX_ERRORS_PER_CELL = 3
+GRADER_MIMES = (PROBE_MIME, guard.REPORT_MIME)
 
 
 class GuardedExecute(PrivateSocketExecute):
 
     kernel_name = Unicode("course-grading", help="the grading kernel (autograder/kernel.py)").tag(config=True)
     max_output_bytes_per_cell = Integer(1_000_000, help="output kept per cell; the rest is dropped").tag(config=True)
+    max_output_bytes_per_notebook = Integer(4_000_000, help="output kept per notebook").tag(config=True)
+    max_probe_bytes_per_notebook = Integer(64_000_000, help="hidden tests' data received per notebook").tag(config=True)
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -34,44 +48,121 @@ class GuardedExecute(PrivateSocketExecute):
         return km
 
     def preprocess(self, nb, resources=None, km=None):
-        self._output_bytes = {}
-        nb.cells.append(new_code_cell(GUARD_CELL_SOURCE, id="autograder-guard"))
+        key = judging.run_key()
+        self._output_bytes = collections.Counter()
+        self._errors = collections.Counter()
+        self._probe_bytes = 0
+        self._received = collections.defaultdict(list)  # cell index -> probe messages
+        self._reports = []
+        self._armed = {}  # cell index -> (grade_id, check ref, token)
+        for index, cell in enumerate(nb.cells):
+            ref = judging.hidden_check_ref(cell.source) if utils.is_grade(cell) and cell.cell_type == "code" else None
+            if ref:
+                grade_id = cell.metadata.nbgrader["grade_id"]
+                self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
+        self._report_token = judging.token(key, "guard report")
+        nb.cells.append(new_code_cell(f"__import__('autograder.guard').guard.report({self._report_token!r})",
+                                      id="autograder-guard"))
         try:
             nb, resources = super().preprocess(nb, resources, km)
         finally:
-            guard_cell = nb.cells.pop()
-        reports = [output["data"][guard.REPORT_MIME] for output in guard_cell.get("outputs", [])
-                   if guard.REPORT_MIME in output.get("data", {})]
-        findings = reports[0]["findings"] if reports else [NO_REPORT]
-        resources["guard_findings"] = list(findings)
+            nb.cells.pop()
+        resources["guard_findings"] = self._guard_findings()
+        resources["judge_flags"] = self._judge(nb)
         return nb, resources
 
-    def output(self, outs, msg, display_id, cell_index):
-        if msg["msg_type"] != "error":
-            size = _size(msg["content"])
-            used = self._output_bytes.get(cell_index, 0)
-            self._output_bytes[cell_index] = used + size
-            if used + size > self.max_output_bytes_per_cell:
-                if used <= self.max_output_bytes_per_cell:
-                    outs.append(new_output("stream", name="stdout", text=(
-                        f"\n[grader] output beyond {self.max_output_bytes_per_cell:,} bytes "
-                        "in this cell was dropped\n")))
-                return None
-        return super().output(outs, msg, display_id, cell_index)
+    def preprocess_cell(self, cell, resources, index):
+        if index not in self._armed:
+            return super().preprocess_cell(cell, resources, index)
+        source = cell.source
+        cell.source = judging.arm_line(self._armed[index][2]) + source
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            cell.source = source
 
+    def process_message(self, msg, cell, cell_index):
+        msg_type, content = msg["msg_type"], msg["content"]
+        if msg_type in ("status", "execute_input", "clear_output"):
+            return super().process_message(msg, cell, cell_index)
+        data = content.get("data") if isinstance(content, dict) else None
+        if isinstance(data, dict) and any(mime in data for mime in GRADER_MIMES):
+            self._receive(msg_type, data, cell_index)
+            return None
+        if msg_type == "error":
+            return self._keep_error(msg, cell, cell_index)
+        size = len(json.dumps(content, default=str))
+        used = self._output_bytes[cell_index]
+        self._output_bytes[cell_index] += size
+        self._output_bytes["notebook"] += size
+        if used + size > self.max_output_bytes_per_cell or self._output_bytes["notebook"] > self.max_output_bytes_per_notebook:
+            if used <= self.max_output_bytes_per_cell and not self._errors[("dropped", cell_index)]:
+                self._errors[("dropped", cell_index)] += 1
+                cell.outputs.append(new_output("stream", name="stdout", text=(
+                    f"\n[grader] output beyond {self.max_output_bytes_per_cell:,} bytes in this cell "
+                    f"(or {self.max_output_bytes_per_notebook:,} in the notebook) was dropped\n")))
+            return None
+        return super().process_message(msg, cell, cell_index)
 
-def _size(content):
-    if "text" in content:
-        return len(content["text"])
-    return sum(len(str(value)) for value in content.get("data", {}).values())
+    def _receive(self, msg_type, data, cell_index):
+        """A message for the grader: kept aside (never saved), counted, only as display data."""
+        if msg_type != "display_data":
+            return  # a probe or report is only ever sent as display data: anything else is forged
+        size = len(json.dumps(data, default=str))
+        self._probe_bytes += size
+        if self._probe_bytes > self.max_probe_bytes_per_notebook:
+            return
+        if PROBE_MIME in data:
+            self._received[cell_index].append(data[PROBE_MIME] if isinstance(data[PROBE_MIME], dict) else {})
+        if guard.REPORT_MIME in data:
+            self._reports.append(data[guard.REPORT_MIME] if isinstance(data[guard.REPORT_MIME], dict) else {})
+
+    def _keep_error(self, msg, cell, cell_index):
+        """Errors always count (a flood cannot hide a failing test), shortened, a few per cell."""
+        self._errors[cell_index] += 1
+        if self._errors[cell_index] > MAX_ERRORS_PER_CELL:
+            return None
+        content = msg["content"]
+        content["evalue"] = str(content.get("evalue", ""))[:MAX_ERROR_CHARS]
+        traceback, kept = [], 0
+        for line in content.get("traceback", []) if isinstance(content.get("traceback"), list) else []:
+            kept += len(str(line))
+            if kept > MAX_ERROR_CHARS:
+                traceback.append("[grader] traceback shortened")
+                break
+            traceback.append(str(line))
+        content["traceback"] = traceback
+        return super().process_message(msg, cell, cell_index)
+
+    def _guard_findings(self):
+        reports = [r for r in self._reports if r.get("token") == self._report_token]
+        if not reports:
+            return [NO_REPORT]
+        findings = [str(f) for f in reports[0].get("findings", [])] if isinstance(reports[0].get("findings"), list) else [NO_REPORT]
+        return findings + ([FORGED_REPORT] if len(self._reports) > 1 else [])
+
+    def _judge(self, nb):
+        """Decide every armed test cell that ran without an error; return the flags for review."""
+        flags = []
+        for index, (grade_id, ref, cell_token) in self._armed.items():
+            cell = nb.cells[index]
+            if judging.has_error(cell):
+                continue  # failing already (the visible part, or an unanswered exercise)
+            verdict = judging.judge_cell(grade_id, ref, cell_token, self._received.get(index, []))
+            if not verdict.passed:
+                cell.outputs.append(verdict.output())
+            if verdict.flag:
+                flags.append(verdict.flag)
+        return flags
 
 
 class ZeroScoresOnTampering(NbGraderPreprocessor):
-    """Fail every test cell of a notebook whose guard reported findings, saying why."""
+    """Fail every test cell of a notebook whose guard reported findings, saying why; keep the
+    judges' flags beside them for the report."""
 
     def preprocess(self, nb, resources):
         findings = resources.get("guard_findings") or []
-        nb.metadata["autograder"] = {"guard_findings": findings}
+        nb.metadata["autograder"] = {"guard_findings": findings, "judge_flags": resources.get("judge_flags") or []}
         if findings:
             reason = ("The grading environment was changed by code in this notebook, so no test can "
                       "be trusted: " + "; ".join(findings[:5]) + ". The notebook scores 0 and is "

@@ -340,11 +340,13 @@ def generated_gradebook(assignment_id):
 
 
 def guard_flags(autograded_nb):
-    """The grading kernel's findings (autograder/guard.py), as flags for review."""
+    """The grading kernel's findings (autograder/guard.py), which zero the notebook, and the judges'
+    flags (autograder/judging.py), which cost one test each, as flags for review."""
     if autograded_nb is None:
         return []
-    findings = autograded_nb.metadata.get("autograder", {}).get("guard_findings", [])
-    return [f"tampering, all tests scored 0: {finding}" for finding in findings]
+    found = autograded_nb.metadata.get("autograder", {})
+    return ([f"tampering, all tests scored 0: {finding}" for finding in found.get("guard_findings", [])]
+            + [f"review: {flag}" for flag in found.get("judge_flags", [])])
 
 
 def runaway_notes(autograded_nb):

@@ -9,12 +9,14 @@ The grader starts each notebook in `autograder.kernel`, which calls `install()` 
   Python environment (anywhere but the notebook's own folder), and to start programs, and
   remembers each refusal.
 - `verify()` is called by every hidden check: a replaced function fails the test with a message.
-- `report()` is the last cell the grader runs (see `autograder.execute`): it publishes all findings
-  as one display message, which the grader reads outside the kernel. A notebook whose report is
-  missing (cells blanked or rewritten) or not empty scores 0 and is flagged for review.
+- `report(token)` is the last cell the grader runs (see `autograder.execute`): it publishes all
+  findings as one display message, which the grader reads outside the kernel. A notebook whose
+  report is missing (cells blanked or rewritten), repeated (forged) or not empty scores 0 and is
+  flagged for review.
 
-This stops the tampering the course has seen or can foresee; a student who reverse-engineers the
-grader inside its own process can still go further, which is why findings are also flagged.
+This is the inner layer. Verdicts are decided outside the kernel (autograder/judging.py), and the
+kernel itself runs in an OS sandbox (autograder/sandbox.py): what the guard still catches is
+tampering worth a person's look, not what the grades rest on.
 """
 import builtins
 import os
@@ -178,7 +180,18 @@ def verify():
             "trusted: " + "; ".join(found[:5]) + ". This scores 0 and is flagged for review.")
 
 
-def report():
-    """Publish every finding for the grader (it reads this message outside the kernel)."""
+def report(token):
+    """Publish every finding for the grader, with the token of this run's report cell (the grader
+    reads this message outside the kernel, and only once)."""
     findings = changes() + [f"refused: {what}" for what in _refusals]
-    _publish({REPORT_MIME: {"findings": findings}}, metadata={})
+    publish({REPORT_MIME: {"token": token, "findings": findings}})
+
+
+def publish(data):
+    """Send `data` (mime type -> JSON) to the grader as display data, through the publisher
+    recorded at install (IPython's own, outside the grading kernel)."""
+    if _publish is not None:
+        _publish(data, metadata={})
+    else:
+        from IPython.display import publish_display_data
+        publish_display_data(data)

@@ -1,33 +1,186 @@
-"""The harness every hidden check uses: quiet calls, reference helpers, oracles' comparisons.
+"""The harness every hidden check uses: a probe in the student's kernel, a judge in the grader.
 
-A check calls the student's function through `call`, which
-- keeps library warnings and stderr out of the test cell (nbgrader would score stderr as a failure),
-- turns an exception in the student's code into a teaching message, except `NotImplementedError`
-  (an unanswered exercise), which is left as it is,
-- can swap named helpers in the student's globals for reference ones, so that one exercise is
-  graded independently of another (nbgrader's `del squares` idea, the other way round),
-- can forbid library shortcuts (the oracle must not be the answer).
+A hidden check is one grade cell's hidden part, `hidden.<check>(<student's objects>)`, and it has
+two halves (see `Check`):
+- the **probe** runs in the student's kernel. It builds the seeded hidden inputs, calls the
+  student's code through `call`, measures behaviour, and returns plain data (tensors, arrays,
+  numbers, strings and containers of them). It may fail the test early for structural reasons
+  (`raise AssertionError(...)`): a kernel can always fail itself, never pass itself.
+- the **judge** runs in the grader's own process. It rebuilds the same inputs from the same seeds,
+  computes the oracle's expected values and compares (`expect_close`, `expect_shape`, ...), raising
+  AssertionError with a message that names the misconception. Nothing in the kernel can change an
+  expected value or a comparison: the judge only ever sees data (autograder/wire.py).
+
+Under grading, the grader arms each test cell with a token (autograder/judging.py): the probe's
+seeds derive from it, so hidden inputs differ from run to run and answers recorded elsewhere are
+worthless, and the probe's data goes back to the grader tagged with it. Run anywhere else (the
+source notebook in Jupyter), a check judges itself in the kernel with the token "local".
+
+`call` keeps library warnings and stderr out of the test cell (nbgrader scores stderr as a
+failure), turns an exception in the student's code into a teaching message, can swap reference
+helpers into the student's globals so an exercise is graded on its own, and watches for the
+oracle: a `forbidden` torch function (however it is reached: an alias, a reference captured
+before the test, a Tensor method, torch.ops) or course reference (courselib code, even wrapped or
+copied) used inside the student's code is refused, recorded, flagged for review, and costs the
+exercise its points.
 """
 import contextlib
+import functools
+import hashlib
+import importlib
 import io
 import logging
+import random
+import sys
+import threading
 import unittest.mock
-import warnings
+import _thread
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
-from autograder import guard
+from autograder import guard, wire
+
+PROBE_MIME = "application/x.transformers-course.probe+json"
+LOCAL_TOKEN = "local"
 
 
 class Forbidden(Exception):
     """Raised when the student's code calls a function the exercise asks them to write."""
 
 
+class Taken(AssertionError):
+    """The answer came (partly) from an oracle or a course reference: flagged, and the test fails."""
+
+
+# ------------------------------------------------------------------------------------ seeds
+class Seeds:
+    """The random sources of one check. Each number names an independent stream; the token mixes
+    in the run, so the same check sees other inputs in another grading run."""
+
+    def __init__(self, token=LOCAL_TOKEN):
+        self.token = token
+
+    def seed(self, n):
+        digest = hashlib.sha256(f"{self.token}:{n}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") >> 1
+
+    def generator(self, n):
+        return torch.Generator().manual_seed(self.seed(n))
+
+    def numpy(self, n):
+        return np.random.default_rng(self.seed(n))
+
+    def random(self, n):
+        return random.Random(self.seed(n))
+
+
+def generator(seed):
+    """A torch Generator with a fixed seed, for tests whose tolerance was measured on that seed."""
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------ checks
+_armed = {}  # {"token": ...} while a test cell armed by the grader runs; consumed by the probe
+
+
+def arm(token):
+    """Called by the grader's first line in a test cell (see autograder/judging.py)."""
+    _armed.clear()
+    _armed["token"] = str(token)
+
+
+class Check:
+    """One grade cell's hidden test: `probe(seeds, *student_objects) -> data` runs in the kernel,
+    `judge(seeds, data)` in the grader. Register the judge with `@<check>.judge`."""
+
+    def __init__(self, probe):
+        functools.update_wrapper(self, probe)
+        self.probe = probe
+        self.name = probe.__name__
+        self.module = probe.__module__
+        self.judge_function = None
+
+    def judge(self, function):
+        self.judge_function = function
+        return function
+
+    @property
+    def ref(self):
+        return f"{self.module}:{self.name}"
+
+    def __call__(self, *student):
+        """What the hidden test cell runs, in the student's kernel."""
+        token = _armed.pop("token", None)
+        outcome = self.run_probe(Seeds(token or LOCAL_TOKEN), *student)
+        if token is not None:
+            guard.publish({PROBE_MIME: {"token": token, "check": self.ref, "outcome": outcome}})
+            return
+        self.decide(Seeds(LOCAL_TOKEN), wire.decode(outcome))
+
+    def run_probe(self, seeds, *student):
+        """The probe's outcome as wire data: {"data": ...}, {"failed": message}, {"unanswered": true},
+        with "taken": [findings] when the watch saw an oracle or a course reference at work."""
+        _findings.clear()
+        try:
+            outcome = {"data": self.probe(seeds, *student)}
+        except NotImplementedError:
+            outcome = {"unanswered": True}
+        except AssertionError as error:
+            outcome = {"failed": str(error)}
+        except Exception as error:  # the probe's own code met something unexpected in the student's
+            outcome = {"failed": f"the hidden test could not run your code: {type(error).__name__}: {error}"}
+        if _findings:
+            outcome["taken"] = list(dict.fromkeys(_findings))
+        try:
+            return wire.encode(outcome)
+        except wire.WireError as error:
+            return wire.encode({"failed": f"{self.name}: your code returned {error}, which the tests cannot "
+                                          "read. Return plain values: tensors, arrays, numbers, strings, "
+                                          "and lists, tuples or dicts of them.",
+                                "taken": outcome.get("taken", [])})
+
+    def decide(self, seeds, outcome):
+        """The verdict on a probe's outcome: returns on a pass, raises on a fail (in the grader)."""
+        if type(outcome) is not dict:
+            raise AssertionError("the hidden test's results were malformed")
+        if outcome.get("taken"):
+            raise Taken("; ".join(map(str, outcome["taken"])) + ". This test scores 0 and is flagged "
+                        "for review.")
+        if outcome.get("unanswered"):
+            raise NotImplementedError()
+        if "failed" in outcome:
+            raise AssertionError(str(outcome["failed"]))
+        if "data" not in outcome:
+            raise AssertionError("the hidden test's results were malformed")
+        if self.judge_function is None:
+            raise RuntimeError(f"check {self.ref} has no judge")
+        self.judge_function(seeds, outcome["data"])
+
+
+def probe(function):
+    """Decorator: `function(seeds, *student_objects)` is a check's probe; it becomes the Check."""
+    return Check(function)
+
+
+def resolve(ref):
+    """The Check called `module:name` (the grader reads the name from the test cell it restored)."""
+    module_name, _, name = ref.partition(":")
+    if not module_name.startswith("autograder.checks."):
+        raise LookupError(f"{ref} is not a hidden check")
+    check = getattr(importlib.import_module(module_name), name, None)
+    if not isinstance(check, Check):
+        raise LookupError(f"{ref} is not a hidden check")
+    return check
+
+
+# ------------------------------------------------------------------------------------ calling
 @contextlib.contextmanager
 def quiet():
     """Silence Python warnings, library logging and stderr for the duration."""
     previous_disable = logging.root.manager.disable
+    import warnings
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         logging.disable(logging.WARNING)
@@ -57,26 +210,22 @@ def reference_globals(fn, **replacements):
                 namespace[name] = value
 
 
-@contextlib.contextmanager
-def forbid(targets, advice):
-    """Make each dotted `target` (e.g. 'torch.softmax') raise Forbidden while the block runs."""
-    def refuse(*args, **kwargs):
-        raise Forbidden(advice)
-
-    with contextlib.ExitStack() as stack:
-        for target in targets:
-            stack.enter_context(unittest.mock.patch(target, refuse))
-        yield
+_findings = []  # what the watch saw during the current probe
 
 
 def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", **kwargs):
-    """Call the student's `fn` quietly; return its result or raise a teaching AssertionError."""
+    """Probe side: call the student's `fn` quietly and return its result, or raise a teaching
+    AssertionError. `forbidden` names the oracles of this exercise (dotted names of torch
+    functions, or of courselib functions and classes); `helpers` are reference helpers swapped
+    into the student's globals, trusted to use them."""
     guard.verify()
     name = name or getattr(fn, "__name__", "your function")
     if not callable(fn):
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
+    watch = Watch(forbidden, forbidden_advice) if forbidden else None
+    helpers = {key: watch.trusted(value) if watch else value for key, value in (helpers or {}).items()}
     try:
-        with quiet(), reference_globals(fn, **(helpers or {})), forbid(forbidden, forbidden_advice):
+        with quiet(), reference_globals(fn, **helpers), watch or contextlib.nullcontext():
             result = fn(*args, **kwargs)
     except NotImplementedError:
         raise
@@ -85,34 +234,10 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     except Exception as error:
         shapes = ", ".join(describe(a) for a in args)
         raise AssertionError(f"{name}({shapes}) raised {type(error).__name__}: {error}") from None
-    expect_plain(result, name)
+    finally:
+        if watch:
+            _findings.extend(f"{name} {finding} ({watch.advice})" for finding in watch.findings)
     return result
-
-
-PLAIN_TYPES = (str, bytes, int, float, complex, bool, type(None), np.generic)
-
-
-def expect_plain(value, name, depth=0):
-    """Refuse results that could fake a comparison: a class defined in the notebook (say, one whose
-    `__eq__` is always true) or a tensor/array subclass (whose `__torch_function__` could be)."""
-    kind = type(value)
-    if isinstance(value, torch.nn.Module) or kind in PLAIN_TYPES or callable(value) and kind.__module__ != "__main__":
-        return
-    if torch.is_tensor(value) and kind not in (torch.Tensor, torch.nn.Parameter):
-        raise AssertionError(f"{name} returned a {kind.__name__}, a subclass of torch.Tensor; "
-                             "return a plain torch.Tensor.")
-    if isinstance(value, np.ndarray) and kind is not np.ndarray:
-        raise AssertionError(f"{name} returned a {kind.__name__}, a subclass of numpy.ndarray; "
-                             "return a plain array or tensor.")
-    if kind.__module__ == "__main__":
-        raise AssertionError(f"{name} returned a {kind.__name__}, a class defined in your notebook. "
-                             "Return plain values (a list, str, int, float, dict or torch.Tensor), "
-                             "which the tests can compare.")
-    if depth < 3 and kind in (list, tuple, set, frozenset, dict):
-        items = list(value.items()) if kind is dict else value
-        for item in list(items)[:1000]:
-            for part in (item if kind is dict else (item,)):
-                expect_plain(part, name, depth + 1)
 
 
 def describe(value):
@@ -120,9 +245,155 @@ def describe(value):
         return f"{type(value).__name__} of shape {tuple(value.shape)}"
     if isinstance(value, torch.nn.Module):
         return f"a {type(value).__name__}"
-    return repr(value)
+    return repr(value)[:80]
 
 
+# ------------------------------------------------------------------------------------ the watch
+_TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"
+
+
+def _in_torch(frame):
+    """Is this frame torch's own code (which switches its function modes as it works)?"""
+    return frame.f_code.co_filename.startswith(_TORCH_DIR)
+
+
+def _op_name(func):
+    """softmax for torch.softmax, Tensor.softmax, torch._softmax, torch.ops.aten._softmax.default..."""
+    name = getattr(func, "__name__", None) or str(func)
+    return name.split("::")[-1].split(".")[0].lstrip("_")
+
+
+def _resolve(dotted):
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def _c_names(obj):
+    """Qualified names of a compiled callable, or of every method of a compiled class (tokenizers)."""
+    if isinstance(obj, type):
+        return {f"{obj.__qualname__}.{name}" for name, value in vars(obj).items() if callable(value)}
+    return {getattr(obj, "__qualname__", repr(obj))}
+
+
+def _code_objects(obj):
+    """The code of a Python function, or of every function of a class (a course reference)."""
+    if isinstance(obj, type):
+        return [code for value in vars(obj).values() for code in _code_objects(value)]
+    function = getattr(obj, "__func__", obj)
+    code = getattr(function, "__code__", None)
+    return [code] if code is not None else []
+
+
+class Watch(TorchFunctionMode):
+    """While the student's code runs: refuse and record torch oracles (a torch function mode sees
+    every entry point, including references captured earlier), record calls into course references
+    (a profile hook sees their code, even wrapped or copied), and record threads started or the
+    watch switched off (ways around both)."""
+
+    def __init__(self, forbidden, advice):
+        super().__init__()
+        self.advice = advice or "the exercise asks you to write this yourself"
+        self.forbidden = list(forbidden)
+        self.op_names, self.codes, self.c_names = {}, {}, {}
+        for dotted in self.forbidden:
+            obj = _resolve(dotted)
+            if dotted.startswith("torch."):
+                self.op_names[_op_name(obj)] = dotted   # every entry point torch dispatches
+            codes = _code_objects(obj)
+            self.codes.update({code: dotted for code in codes})
+            if not codes and not dotted.startswith("torch."):
+                self.c_names.update({name: dotted for name in _c_names(obj)})
+        self.findings = []
+        self._trusted = 0
+        self._profiler = None
+        self._thread_start = threading.Thread.start.__code__
+
+    def trusted(self, helper):
+        """A reference helper handed to the student's code: what it calls is not the student's."""
+        @functools.wraps(helper)
+        def run(*args, **kwargs):
+            self._trusted += 1
+            try:
+                return helper(*args, **kwargs)
+            finally:
+                self._trusted -= 1
+        return run
+
+    def note(self, finding):
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not self._trusted and _op_name(func) in self.op_names:
+            self.note(f"called {self.op_names[_op_name(func)]}")
+            raise Forbidden(self.advice)
+        return func(*args, **(kwargs or {}))
+
+    def _profile(self, frame, event, arg):
+        if self._trusted or self._closing:
+            return
+        if event == "call":
+            code = frame.f_code
+            if code in self.codes:
+                self.note(f"used the course's reference {self.codes[code]}")
+            elif code is self._thread_start:
+                self.note("started a thread (where the grader cannot watch it)")
+        elif event == "c_call":
+            if getattr(arg, "__qualname__", None) in self.c_names:
+                self.note(f"called {self.c_names[arg.__qualname__]}")
+            elif arg is _thread.start_new_thread:
+                self.note("started a thread (where the grader cannot watch it)")
+            elif arg in (sys.setprofile, sys.settrace, threading.setprofile):
+                self.note("switched off the grader's watch")
+            elif (getattr(arg, "__module__", "") == "torch._C" and "mode" in getattr(arg, "__name__", "")
+                  or "torch_function" in getattr(arg, "__name__", "")) and not _in_torch(frame):
+                self.note("changed torch's function modes (the grader's watch)")
+
+    def _refuse_and_note(self, dotted):
+        original = _resolve(dotted)
+
+        def refuse(*args, **kwargs):
+            if self._trusted:
+                return original(*args, **kwargs)
+            self.note(f"called {dotted}")
+            raise Forbidden(self.advice)
+        return refuse
+
+    def __enter__(self):
+        self._patches = contextlib.ExitStack()
+        for dotted in self.forbidden:  # the plain route, refused with the exercise's advice
+            self._patches.enter_context(unittest.mock.patch(dotted, self._refuse_and_note(dotted)))
+        self._profiler, self._closing = self._profile, False
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profiler)
+        if self.op_names:
+            super().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._patches.close()
+        if sys.getprofile() is not self._profiler:
+            self.note("switched off the grader's watch")
+        self._closing = True
+        sys.setprofile(self._previous)
+        if self.op_names:
+            from torch.overrides import _get_current_function_mode
+            if _get_current_function_mode() is not self:
+                self.note("changed torch's function modes (the grader's watch)")
+                return False
+            return super().__exit__(*exc)
+        return False
+
+
+# ------------------------------------------------------------------------------------ judging
 def to_numpy(value, name):
     """The student's result as a float64 NumPy array, or a message saying what it was."""
     if torch.is_tensor(value):
@@ -165,6 +436,13 @@ def expect_close(actual, expected, name, hint="", diagnoses=None, rtol=1e-4, ato
         f"{expected_np[where]:.6g} (largest difference {diff.max():.3g}). {hint}".strip())
 
 
-def generator(seed):
-    """A seeded torch Generator. Hidden tests use seeds the visible tests never use."""
-    return torch.Generator().manual_seed(seed)
+def expect_tensor(value, name):
+    """Judge side: a tensor came back (decoded data is never a subclass)."""
+    if not torch.is_tensor(value):
+        raise AssertionError(f"{name} should be a torch tensor, but it is a {type(value).__name__}.")
+    return value
+
+
+__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "call", "describe", "expect_close",
+           "expect_shape", "expect_tensor", "generator", "matches", "probe", "quiet",
+           "reference_globals", "resolve", "to_numpy"]

@@ -1,4 +1,4 @@
-"""Hidden checks for 09_rlhf. Each function is one grade cell's hidden part.
+"""Hidden checks for 11_rlhf. Each function is one grade cell's hidden part.
 
 Layered as the course's tests are: shape first, then values on seeded random inputs against
 independent oracles (`torch.distributions` for log-probabilities and KL, float64 NumPy formulas for

@@ -1,8 +1,10 @@
-"""Hidden checks for 04_self_attention. Each function is one grade cell's hidden part.
+"""Hidden checks for 04_self_attention. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape first, then values on seeded random inputs against an
-independent oracle (`torch.nn.functional.scaled_dot_product_attention`), then behaviour.
-Seeds here are never used by the visible tests.
+Each has a probe (in the student's kernel: build the seeded inputs, call the student's code, return
+what it produced) and a judge (in the grader: rebuild the inputs, compute the oracle
+`torch.nn.functional.scaled_dot_product_attention`, compare, name the misconception). Layered as
+the course's tests are: shape first, then values on seeded random inputs, then behaviour.
+The seeds come from the grader's per-run token, so they are never the visible tests' inputs.
 """
 import math
 
@@ -10,14 +12,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, to_numpy
+from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, to_numpy
 
-ORACLE_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention"]
+ORACLE_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention",
+                    "courselib.attention.scaled_dot_product_attention"]
 SOFTMAX_SHORTCUTS = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
-                     "torch.special.softmax"]
+                     "torch.special.softmax", "courselib.attention.masked_softmax"]
 
 
-# ---------------------------------------------------------------- oracles
+# ---------------------------------------------------------------- oracles (judge side)
 def oracle_weights(q, k, mask=None, scale=None):
     """Attention weights from torch's own kernel: attending over the identity returns them."""
     identity = torch.eye(k.shape[-2], dtype=q.dtype).expand(*k.shape[:-2], k.shape[-2], k.shape[-2])
@@ -33,8 +36,12 @@ def reference_softmax(x, dim=-1):
     return torch.softmax(x, dim=dim)
 
 
-def random_projection_problem(seed, n, d_in, d_k, d_v, scale=1.0):
-    g = generator(seed)
+# ---------------------------------------------------------------- exercise 1: self_attention_by_hand
+BY_HAND_SHAPES_CASE = (5, 6, 3, 2)  # n tokens, width of X, d_k, d_v: rectangular on purpose
+BY_HAND_VALUE_CASES = [(4, 5, 3, 6), (7, 3, 8, 2), (1, 4, 4, 4)]
+
+
+def random_projection_problem(g, n, d_in, d_k, d_v, scale=1.0):
     X = torch.randn(n, d_in, generator=g, dtype=torch.float64) * scale
     W_Q, W_K = (torch.randn(d_in, d_k, generator=g, dtype=torch.float64) for _ in range(2))
     W_V = torch.randn(d_in, d_v, generator=g, dtype=torch.float64)
@@ -58,48 +65,67 @@ def by_hand_diagnoses(Q, K, V, d_in):
     }
 
 
-# ---------------------------------------------------------------- exercise 1: self_attention_by_hand
 def _by_hand(fn, X, W_Q, W_K, W_V):
     result = call(fn, X.numpy(), W_Q.numpy(), W_K.numpy(), W_V.numpy(), name="self_attention_by_hand")
     if not isinstance(result, (tuple, list)) or len(result) != 5:
         raise AssertionError("self_attention_by_hand must return the tuple (Q, K, V, S, A), "
                              f"but it returned {type(result).__name__}"
                              + (f" of length {len(result)}" if hasattr(result, "__len__") else "") + ".")
-    return result
+    return tuple(result)
 
 
-def self_attention_by_hand_shapes(fn):
+@probe
+def self_attention_by_hand_shapes(seeds, fn):
     """Rectangular projections: n=5 tokens, width 6, d_k=3, d_v=2."""
-    X, W_Q, W_K, W_V = random_projection_problem(101, n=5, d_in=6, d_k=3, d_v=2)
-    Q, K, V, S, A = _by_hand(fn, X, W_Q, W_K, W_V)
-    expected = {"Q": (5, 3), "K": (5, 3), "V": (5, 2), "S": (5, 5), "A": (5, 2)}
-    for name, value in zip("QKVSA", (Q, K, V, S, A)):
+    return _by_hand(fn, *random_projection_problem(seeds.generator(101), *BY_HAND_SHAPES_CASE))
+
+
+@self_attention_by_hand_shapes.judge
+def judge_self_attention_by_hand_shapes(seeds, QKVSA):
+    n, _, d_k, d_v = BY_HAND_SHAPES_CASE
+    expected = {"Q": (n, d_k), "K": (n, d_k), "V": (n, d_v), "S": (n, n), "A": (n, d_v)}
+    for name, value in zip("QKVSA", QKVSA):
         expect_shape(to_numpy(value, name), expected[name], name,
                      "With X (5, 6), W_Q and W_K (6, 3) and W_V (6, 2): Q = X W_Q is (n, d_k), "
                      "S = softmax(Q Kᵀ/√d_k) is (n, n), A = S V is (n, d_v).")
 
 
-def self_attention_by_hand_values(fn):
-    """Random rectangular problems against torch's attention kernel."""
-    for seed, (n, d_in, d_k, d_v) in [(202, (4, 5, 3, 6)), (203, (7, 3, 8, 2)), (204, (1, 4, 4, 4))]:
-        X, W_Q, W_K, W_V = random_projection_problem(seed, n, d_in, d_k, d_v)
-        Q, K, V, S, A = _by_hand(fn, X, W_Q, W_K, W_V)
+@probe
+def self_attention_by_hand_values(seeds, fn):
+    """Random rectangular problems."""
+    return [_by_hand(fn, *random_projection_problem(seeds.generator(202 + i), *case))
+            for i, case in enumerate(BY_HAND_VALUE_CASES)]
+
+
+@self_attention_by_hand_values.judge
+def judge_self_attention_by_hand_values(seeds, results):
+    for i, (case, (Q, K, V, S, A)) in enumerate(zip(BY_HAND_VALUE_CASES, results)):
+        X, W_Q, W_K, W_V = random_projection_problem(seeds.generator(202 + i), *case)
         Q_ref, K_ref, V_ref = X @ W_Q, X @ W_K, X @ W_V
         expect_close(Q, Q_ref, "Q", "Q is X @ W_Q (each row of X times W_Q).")
         expect_close(K, K_ref, "K", "K is X @ W_K.")
         expect_close(V, V_ref, "V", "V is X @ W_V.")
         expect_close(S, oracle_weights(Q_ref, K_ref), "S (attention weights)",
-                     diagnoses=by_hand_diagnoses(Q_ref, K_ref, V_ref, d_in))
+                     diagnoses=by_hand_diagnoses(Q_ref, K_ref, V_ref, case[1]))
         expect_close(A, oracle_attention(Q_ref, K_ref, V_ref), "A (attention output)",
                      "A = S @ V: each output row is a weighted average of the rows of V.")
 
 
-def self_attention_by_hand_is_stable(fn):
+def _large_scores_problem(seeds):
+    return random_projection_problem(seeds.generator(305), n=6, d_in=8, d_k=8, d_v=4, scale=30.0)
+
+
+@probe
+def self_attention_by_hand_is_stable(seeds, fn):
     """Scores in the thousands: a naive exp overflows to inf, and inf/inf is NaN."""
-    X, W_Q, W_K, W_V = random_projection_problem(305, n=6, d_in=8, d_k=8, d_v=4, scale=30.0)
-    Q, K, V, S, A = _by_hand(fn, X, W_Q, W_K, W_V)
-    S_np = to_numpy(S, "S")
-    if not np.all(np.isfinite(S_np)):
+    return _by_hand(fn, *_large_scores_problem(seeds))
+
+
+@self_attention_by_hand_is_stable.judge
+def judge_self_attention_by_hand_is_stable(seeds, QKVSA):
+    X, W_Q, W_K, W_V = _large_scores_problem(seeds)
+    _, _, _, S, A = QKVSA
+    if not np.all(np.isfinite(to_numpy(S, "S"))):
         raise AssertionError("S contains inf or NaN when the scores are large (hundreds or more): "
                              "np.exp overflows. Subtract each row's maximum before exponentiating; "
                              "softmax(x) = softmax(x - max(x)).")
@@ -123,36 +149,64 @@ def _softmax(fn, x, **kwargs):
     return result
 
 
-def softmax_matches_torch(fn):
-    g = generator(404)
-    for shape in [(6,), (3, 9), (2, 4, 5)]:
-        x = torch.randn(*shape, generator=g) * 3
-        expect_close(_softmax(fn, x), torch.softmax(x, dim=-1), f"softmax of a {shape} tensor",
+def softmax_cases(seeds):
+    g = seeds.generator(404)
+    return [torch.randn(*shape, generator=g) * 3 for shape in [(6,), (3, 9), (2, 4, 5)]] + [
+        torch.tensor([[0.0, float("-inf"), 1.0]])]
+
+
+@probe
+def softmax_matches_torch(seeds, fn):
+    return [_softmax(fn, x) for x in softmax_cases(seeds)]
+
+
+@softmax_matches_torch.judge
+def judge_softmax_matches_torch(seeds, results):
+    *random_cases, with_inf = softmax_cases(seeds)
+    for x, result in zip(random_cases, results):
+        expect_close(expect_tensor(result, "softmax"), torch.softmax(x, dim=-1),
+                     f"softmax of a {tuple(x.shape)} tensor",
                      diagnoses={"you normalised by the sum of x, not of exp(x).": x / x.sum(-1, keepdim=True),
                                 "you exponentiated but didn't divide by the sum.": torch.exp(x)})
-    x = torch.tensor([[0.0, float("-inf"), 1.0]])
-    expect_close(_softmax(fn, x), torch.softmax(x, dim=-1), "softmax of a row containing -inf",
+    expect_close(results[-1], torch.softmax(with_inf, dim=-1), "softmax of a row containing -inf",
                  "A -inf score is a masked position: it must get weight exactly 0.")
 
 
-def softmax_is_stable(fn):
+def stable_cases(seeds):
     # float64, so that only the overflow of exp (past ~709) can fail, never rounding.
-    g = generator(505)
-    for centre in (1e4, -1e4):
-        x = centre + torch.randn(4, 7, generator=g, dtype=torch.float64) * 5
-        result = _softmax(fn, x)
-        values = to_numpy(result, "softmax")
-        if not np.all(np.isfinite(values)):
+    g = seeds.generator(505)
+    return [centre + torch.randn(4, 7, generator=g, dtype=torch.float64) * 5 for centre in (1e4, -1e4)]
+
+
+@probe
+def softmax_is_stable(seeds, fn):
+    return [_softmax(fn, x) for x in stable_cases(seeds)]
+
+
+@softmax_is_stable.judge
+def judge_softmax_is_stable(seeds, results):
+    for x, centre, result in zip(stable_cases(seeds), (1e4, -1e4), results):
+        if not np.all(np.isfinite(to_numpy(result, "softmax"))):
             raise AssertionError(f"softmax returned inf or NaN for inputs around {centre:g}: exp overflows "
                                  "(or underflows to 0/0). Subtract the maximum along `dim` first; "
                                  "softmax(x) = softmax(x - max(x)).")
         expect_close(result, torch.softmax(x, dim=-1), f"softmax for inputs around {centre:g}", atol=1e-5)
 
 
-def softmax_respects_dim(fn):
-    x = torch.randn(2, 3, 4, generator=generator(606))
-    for dim in (0, 1, -2, 2):
-        expect_close(_softmax(fn, x, dim=dim), torch.softmax(x, dim=dim), f"softmax(x, dim={dim})",
+DIMS = (0, 1, -2, 2)
+
+
+@probe
+def softmax_respects_dim(seeds, fn):
+    x = torch.randn(2, 3, 4, generator=seeds.generator(606))
+    return [_softmax(fn, x, dim=dim) for dim in DIMS]
+
+
+@softmax_respects_dim.judge
+def judge_softmax_respects_dim(seeds, results):
+    x = torch.randn(2, 3, 4, generator=seeds.generator(606))
+    for dim, result in zip(DIMS, results):
+        expect_close(result, torch.softmax(x, dim=dim), f"softmax(x, dim={dim})",
                      diagnoses={"your softmax ignores `dim` and always normalises the last dimension.":
                                 torch.softmax(x, dim=-1)},
                      hint="Take the max and the sum along `dim`, with keepdim=True so they broadcast.")
@@ -167,11 +221,10 @@ def _sdpa(fn, q, k, v, mask=None):
                                    "torch's scaled_dot_product_attention is the oracle here.", **kwargs)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError("scaled_dot_product_attention must return the pair (output, weights).")
-    return result
+    return tuple(result)
 
 
-def sdpa_problem(seed, batch, t_q, t_k, d_k, d_v, scale=1.0, dtype=torch.float32):
-    g = generator(seed)
+def sdpa_problem(g, batch, t_q, t_k, d_k, d_v, scale=1.0, dtype=torch.float32):
     q = torch.randn(*batch, t_q, d_k, generator=g, dtype=dtype) * scale
     k = torch.randn(*batch, t_k, d_k, generator=g, dtype=dtype) * scale
     v = torch.randn(*batch, t_k, d_v, generator=g, dtype=dtype)
@@ -180,14 +233,20 @@ def sdpa_problem(seed, batch, t_q, t_k, d_k, d_v, scale=1.0, dtype=torch.float32
 
 TRANSPOSE_HINT = ("For batched inputs transpose only the last two dimensions of k: "
                   "k.transpose(-2, -1) or k.mT. (k.T reverses every dimension.)")
+SHAPE_BATCHES = [(), (3,), (2, 4)]
 
 
-def sdpa_shapes(fn):
-    for seed, batch in [(707, ()), (708, (3,)), (709, (2, 4))]:
-        q, k, v = sdpa_problem(seed, batch, t_q=5, t_k=7, d_k=8, d_v=3)
-        output, weights = _sdpa(fn, q, k, v)
+@probe
+def sdpa_shapes(seeds, fn):
+    return [_sdpa(fn, *sdpa_problem(seeds.generator(707 + i), batch, t_q=5, t_k=7, d_k=8, d_v=3))
+            for i, batch in enumerate(SHAPE_BATCHES)]
+
+
+@sdpa_shapes.judge
+def judge_sdpa_shapes(seeds, results):
+    for batch, (output, weights) in zip(SHAPE_BATCHES, results):
         expect_shape(output, (*batch, 5, 3), "output",
-                     f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} give an output "
+                     f"q {(*batch, 5, 8)}, k {(*batch, 7, 8)}, v {(*batch, 7, 3)} give an output "
                      f"(..., T_q, d_v). {TRANSPOSE_HINT}")
         expect_shape(weights, (*batch, 5, 7), "weights", f"weights are (..., T_q, T_k). {TRANSPOSE_HINT}")
 
@@ -204,18 +263,36 @@ def sdpa_diagnoses(q, k):
     }
 
 
-def sdpa_values_match_torch(fn):
-    for seed, batch, t_q, t_k, d_k, d_v in [(808, (2, 3), 4, 6, 16, 5), (809, (), 3, 3, 4, 4)]:
-        q, k, v = sdpa_problem(seed, batch, t_q, t_k, d_k, d_v)
-        output, weights = _sdpa(fn, q, k, v)
+VALUE_CASES = [((2, 3), 4, 6, 16, 5), ((), 3, 3, 4, 4)]
+
+
+@probe
+def sdpa_values_match_torch(seeds, fn):
+    return [_sdpa(fn, *sdpa_problem(seeds.generator(808 + i), *case)) for i, case in enumerate(VALUE_CASES)]
+
+
+@sdpa_values_match_torch.judge
+def judge_sdpa_values_match_torch(seeds, results):
+    for i, (case, (output, weights)) in enumerate(zip(VALUE_CASES, results)):
+        q, k, v = sdpa_problem(seeds.generator(808 + i), *case)
         expect_close(weights, oracle_weights(q, k), "weights", diagnoses=sdpa_diagnoses(q, k))
         expect_close(output, oracle_attention(q, k, v), "output", "output = weights @ v.")
 
 
-def sdpa_weights_are_probabilities(fn):
+def _sharp_problem(seeds):
+    return sdpa_problem(seeds.generator(909), (2,), t_q=6, t_k=6, d_k=32, d_v=4, scale=25.0, dtype=torch.float64)
+
+
+@probe
+def sdpa_weights_are_probabilities(seeds, fn):
     """Large scores (sharp attention) must still give finite rows of probabilities."""
-    q, k, v = sdpa_problem(909, (2,), t_q=6, t_k=6, d_k=32, d_v=4, scale=25.0, dtype=torch.float64)
-    output, weights = _sdpa(fn, q, k, v)
+    return _sdpa(fn, *_sharp_problem(seeds))
+
+
+@sdpa_weights_are_probabilities.judge
+def judge_sdpa_weights_are_probabilities(seeds, output_and_weights):
+    q, k, v = _sharp_problem(seeds)
+    output, weights = output_and_weights
     weights_np = to_numpy(weights, "weights")
     if not np.all(np.isfinite(weights_np)):
         raise AssertionError("weights contain inf or NaN for large scores: use a numerically stable softmax.")
@@ -228,23 +305,32 @@ def sdpa_weights_are_probabilities(fn):
     expect_close(output, oracle_attention(q, k, v), "output for large scores")
 
 
-def sdpa_mask(fn):
-    # A causal (T, T) mask broadcast over a batch, then a random (B, 1, T_q, T_k) padding-like mask.
-    q, k, v = sdpa_problem(1010, (2, 2), t_q=5, t_k=5, d_k=8, d_v=3)
+def mask_cases(seeds):
+    """A causal (T, T) mask broadcast over a batch, then a random (B, 1, T_q, T_k) padding-like mask."""
+    q, k, v = sdpa_problem(seeds.generator(1010), (2, 2), t_q=5, t_k=5, d_k=8, d_v=3)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
-    g = generator(1011)
-    random_mask = torch.rand(2, 1, 5, 5, generator=g) > 0.4
+    random_mask = torch.rand(2, 1, 5, 5, generator=seeds.generator(1011)) > 0.4
     random_mask[..., 0] = True  # every query may attend somewhere
-    for description, mask in [("a causal (T, T) mask", causal), ("a (B, 1, T_q, T_k) mask", random_mask)]:
-        output, weights = _sdpa(fn, q, k, v, mask=mask)
+    return (q, k, v), [("a causal (T, T) mask", causal), ("a (B, 1, T_q, T_k) mask", random_mask)]
+
+
+@probe
+def sdpa_mask(seeds, fn):
+    (q, k, v), masks = mask_cases(seeds)
+    return [_sdpa(fn, q, k, v, mask=mask) for _, mask in masks]
+
+
+@sdpa_mask.judge
+def judge_sdpa_mask(seeds, results):
+    (q, k, v), masks = mask_cases(seeds)
+    for (description, mask), (output, weights) in zip(masks, results):
         weights_np = to_numpy(weights, "weights")
-        inverted = oracle_weights(q, k, mask=~mask)
         expect_shape(weights_np, (2, 2, 5, 5), f"weights with {description}",
                      "The mask broadcasts against the scores; it must not change their shape.")
         if np.abs(weights_np[~mask.expand(2, 2, 5, 5).numpy()]).max() > 1e-6:
             hint = ("you attended exactly where the mask is False: True means 'may attend', as in "
                     "torch.nn.functional.scaled_dot_product_attention. Fill the scores where mask is False.")
-            if np.allclose(np.nan_to_num(weights_np), inverted.numpy(), atol=1e-5):
+            if np.allclose(np.nan_to_num(weights_np), oracle_weights(q, k, mask=~mask).numpy(), atol=1e-5):
                 raise AssertionError(f"With {description}, {hint}")
             raise AssertionError(f"With {description}, positions where the mask is False got non-zero weight: "
                                  "set their scores to -inf before the softmax (not to 0 after it).")

@@ -1,11 +1,12 @@
 """Tampering that the demo class doesn't show: each case must score 0 (or lose the tests it fakes),
 with a line that says what happened. The demo class (test_classroom.py) covers the rest."""
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from autograder import demo, guard
-from autograder.checks import common
+from autograder import demo, guard, wire
 from autograder.config import REPO_ROOT, SOLUTIONS_DIR
 from autograder.submissions import student_notebook
 from autograder.tests.conftest import scores_by_test
@@ -101,21 +102,43 @@ class AlwaysClose(torch.Tensor):
 
 
 @pytest.mark.parametrize("result,words", [
-    (AlwaysEqual(), "a class defined in your notebook"),
-    ([["a", AlwaysEqual()]], "a class defined in your notebook"),
-    (torch.zeros(2).as_subclass(AlwaysClose), "subclass of torch.Tensor"),
-    ((torch.zeros(2).as_subclass(AlwaysClose), None), "subclass of torch.Tensor"),
+    (AlwaysEqual(), "AlwaysEqual"),
+    ([["a", AlwaysEqual()]], "AlwaysEqual"),
+    (torch.zeros(2).as_subclass(AlwaysClose), "AlwaysClose"),
+    ((torch.zeros(2).as_subclass(AlwaysClose), None), "AlwaysClose"),
+    (torch.nn.Linear(2, 2), "Linear"),
+    (lambda: 0, "function"),
 ])
-def test_results_that_could_fake_a_comparison_are_refused(result, words):
-    AlwaysEqual.__module__ = AlwaysClose.__module__ = "__main__"  # as if defined in the notebook
-    with pytest.raises(AssertionError, match=words):
-        common.call(lambda: result, name="answer")
+def test_only_plain_data_crosses_to_the_grader(result, words):
+    """A result that could fake a comparison never reaches the judge: it cannot be encoded."""
+    with pytest.raises(wire.WireError, match=words):
+        wire.encode(result)
 
 
-@pytest.mark.parametrize("result", [[1, 2], {"a": [0.5]}, ("x", None), torch.zeros(2),
-                                    torch.nn.Parameter(torch.zeros(2)), torch.nn.Linear(2, 2), np.float64(1)])
-def test_plain_results_pass(result):
-    assert common.call(lambda: result, name="answer") is result
+@pytest.mark.parametrize("result", [[1, 2], {"a": [0.5]}, ("x", None), torch.zeros(2), {("a", "b"): 3},
+                                    torch.nn.Parameter(torch.zeros(2)), np.float64(1), np.arange(3),
+                                    float("nan"), 2**70, b"bytes", {1, 2}, torch.ones(2, dtype=torch.bfloat16)])
+def test_plain_results_cross_unchanged(result):
+    back = wire.decode(json.loads(json.dumps(wire.encode(result))))
+    assert type(back) is (torch.Tensor if torch.is_tensor(result) else type(result))
+    if torch.is_tensor(result):
+        assert back.dtype == result.dtype and torch.equal(back, result.detach())
+    elif isinstance(result, np.ndarray):
+        assert np.array_equal(back, result)
+    elif result == result:  # not NaN
+        assert back == result
+
+
+@pytest.mark.parametrize("message", [
+    {"$tensor": {"dtype": "float32", "shape": [1000], "data": ""}},           # data shorter than its shape
+    {"$tensor": {"dtype": "object", "shape": [1], "data": "AAAA"}},           # a dtype that could hold code
+    {"$pickle": "gASV"},                                                      # an unknown tag
+    {"$dict": [[[1], 2]]},                                                    # an unhashable key
+    {"a": 1, "b": 2},                                                         # a bare JSON object
+])
+def test_malformed_data_is_refused(message):
+    with pytest.raises(wire.WireError):
+        wire.decode(message)
 
 
 def test_audit_hook_refuses_writes_into_read_only_folders_even_under_the_temp_folder(tmp_path):

@@ -1,6 +1,7 @@
 """Solutions score 100%, released notebooks score 0 and still run, course/ is what release makes."""
 import filecmp
 import re
+import secrets
 import time
 
 import nbformat
@@ -9,6 +10,7 @@ from nbclient import NotebookClient
 
 from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids
 from autograder.grading import autograde, check_notebook
+from autograder.judging import RUN_KEY_ENV
 from autograder.kernel_manager import PrivateSocketKernelManager, private_socket_validator
 from autograder.release import release
 from autograder.submissions import (is_answer_cell, reference_answers, released_path,
@@ -17,7 +19,7 @@ from autograder.submissions import (is_answer_cell, reference_answers, released_
 ASSIGNMENTS = assignment_ids()
 EXECUTION_BUDGET_SECONDS = 15
 TRAINING_BUDGET_SECONDS = 30  # 07-09 train models while they run
-TRAINING_NOTEBOOKS = ("07_", "08_", "09_")
+TRAINING_NOTEBOOKS = ("07_", "08_", "09_", "10_", "11_")
 
 
 def test_there_are_assignments():
@@ -25,10 +27,13 @@ def test_there_are_assignments():
 
 
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
-def test_solution_scores_full_marks(assignment_id):
+def test_solution_scores_full_marks(assignment_id, monkeypatch):
+    """With a fresh random key: hidden inputs this run has never seen (the key is in the message)."""
+    key = secrets.token_hex(8)
+    monkeypatch.setenv(RUN_KEY_ENV, key)
     report = check_notebook(solution_path(assignment_id))
     failed = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
-    assert not failed and not report.errors, f"solution lost points: {failed} {report.errors}"
+    assert not failed and not report.errors, f"solution lost points with {RUN_KEY_ENV}={key}: {failed} {report.errors}"
     assert report.score == report.max_score > 0
     assert report.flags == [], f"a solution should raise no integrity flags: {report.flags}"
 

@@ -1,7 +1,7 @@
-"""Mutants and alternative correct answers for 09_rlhf."""
+"""Mutants and alternative correct answers for 11_rlhf."""
 from autograder.tests.variants import WARN_AND_PRINT, Variant
 
-ASSIGNMENT = "09_rlhf"
+ASSIGNMENT = "11_rlhf"
 SEQUENCE = "sequence_log_probs_answer"
 PREFERENCE = "preference_loss_answer"
 KL = "kl_divergence_answer"

@@ -1,0 +1,129 @@
+"""The grader's half of every hidden test: it arms the test cells, receives the probes' data, and judges.
+
+While `GuardedExecute` (autograder/execute.py) runs a notebook:
+1. For each test cell whose hidden part calls a check (`hidden.<name>(...)` after
+   `from autograder.checks import <topic> as hidden`), read from the cell as nbgrader restored it
+   from the source, the grader derives a token from a secret key of this run, the assignment and
+   the grade_id, and runs the cell with one line of its own in front: `arm(token)`. The kernel only
+   ever sees tokens, one per cell and run; the key never enters it.
+2. The probe seeds its hidden inputs from the token and sends its data back as one display
+   message. The grader takes such messages out of the stream (they are never saved in the notebook)
+   and files them under the cell that was running when they arrived.
+3. After the notebook has run, each armed cell that raised no error is judged here, in the grader's
+   process: exactly one message with this cell's token and check, decoded as data (autograder/wire.py),
+   then `Check.decide`, which recomputes the hidden inputs from the token, the oracle's values, and
+   compares. A failure becomes the cell's error output, which is what nbgrader scores. A missing,
+   repeated, forged or malformed message fails the cell; an answer taken from an oracle or a course
+   reference, and forged messages, are also flagged for review.
+"""
+import ast
+import hashlib
+import hmac
+import os
+import secrets
+
+from nbformat.v4 import new_output
+
+from autograder import wire
+
+RUN_KEY_ENV = "AUTOGRADER_RUN_KEY"  # set it to grade reproducibly (the test suite does)
+
+
+def run_key():
+    """This run's secret: from the environment when set, else fresh and random."""
+    configured = os.environ.get(RUN_KEY_ENV)
+    return configured.encode() if configured else secrets.token_bytes(32)
+
+
+def token(key, *parts):
+    return hmac.new(key, "\0".join(parts).encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def arm_line(cell_token):
+    return f"__import__('autograder.checks.common').checks.common.arm({cell_token!r})\n"
+
+
+def hidden_check_ref(source):
+    """'autograder.checks.<topic>:<name>' for a test cell that calls one hidden check, else None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "autograder.checks":
+            aliases.update({alias.asname or alias.name: alias.name for alias in node.names})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases):
+            return f"autograder.checks.{aliases[node.func.value.id]}:{node.func.attr}"
+    return None
+
+
+def resolve_check(ref):
+    """The Check object, or None for a check written in the older in-kernel style."""
+    from autograder.checks.common import Check, resolve
+    try:
+        return resolve(ref)
+    except LookupError:
+        return None
+    except Exception as error:  # a check module that does not import is the course's bug, said plainly
+        raise RuntimeError(f"the hidden test {ref} could not be loaded: {type(error).__name__}: {error}") from None
+
+
+class Verdict:
+    """The outcome of judging one test cell: None (passed), or the error output and any flag."""
+
+    def __init__(self, ename=None, message="", flag=None):
+        self.ename, self.message, self.flag = ename, message, flag
+
+    @property
+    def passed(self):
+        return self.ename is None
+
+    def output(self):
+        return new_output("error", ename=self.ename, evalue=self.message,
+                          traceback=[f"{self.ename}: {self.message}" if self.message else self.ename])
+
+
+MISSING = ("the hidden test's results never reached the grader: the test did not run to its end, "
+           "or code in the notebook stopped or hid it")
+FORGED = ("the grader received results for this test that the test did not send (repeated, or "
+          "from another test); it scores 0 and is flagged for review")
+
+
+def judge_cell(grade_id, ref, cell_token, messages):
+    """Decide one armed test cell from the probe messages that arrived while it ran."""
+    from autograder.checks.common import Seeds, Taken, quiet
+    check = resolve_check(ref)
+    if check is None:
+        return Verdict()  # an older-style check judged itself in the kernel
+    mine = [m for m in messages if m.get("token") == cell_token and m.get("check") == ref]
+    if len(mine) != 1 or len(messages) != 1:
+        if not messages:
+            return Verdict("AssertionError", MISSING)
+        return Verdict("AssertionError", FORGED,
+                       flag=f"test '{grade_id}': {len(messages)} results arrived for one test, "
+                            f"{len(mine)} of them with its token (forged results)")
+    try:
+        outcome = wire.decode(mine[0].get("outcome"))
+    except wire.WireError as error:
+        return Verdict("AssertionError", f"the hidden test's results were malformed ({error})",
+                       flag=f"test '{grade_id}': malformed results ({error})")
+    try:
+        with quiet():
+            check.decide(Seeds(cell_token), outcome)
+    except Taken as error:
+        return Verdict("AssertionError", str(error), flag=f"test '{grade_id}': {error}")
+    except NotImplementedError:
+        return Verdict("NotImplementedError")
+    except AssertionError as error:
+        return Verdict("AssertionError", str(error))
+    except Exception as error:  # the judge met data it did not expect: fail the test, say why
+        return Verdict("AssertionError", f"the grader could not judge this test's results "
+                                         f"({type(error).__name__}: {error})")
+    return Verdict()
+
+
+def has_error(cell):
+    return any(output.get("output_type") == "error" for output in cell.get("outputs", []))
