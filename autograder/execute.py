@@ -23,7 +23,6 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Integer, Unicode
 
 from autograder import guard, judging
-from autograder.checks.common import PROBE_MIME
 from autograder.kernel_manager import PrivateSocketExecute
 
 KERNELSPEC_DIR = pathlib.Path(__file__).resolve().parent / "jupyter" / "kernels"
@@ -32,7 +31,7 @@ NO_REPORT = ("the grader's final integrity check did not report back: code in th
 FORGED_REPORT = "more than one integrity report arrived: code in the notebook forged one"
 MAX_ERROR_CHARS = 20_000      # of one error's message and traceback
 MAX_ERRORS_PER_CELL = 3
-GRADER_MIMES = (PROBE_MIME, guard.REPORT_MIME)
+GRADER_MIMES = (guard.PROBE_MIME, guard.REPORT_MIME)
 
 
 class GuardedExecute(PrivateSocketExecute):
@@ -61,6 +60,8 @@ class GuardedExecute(PrivateSocketExecute):
                 grade_id = cell.metadata.nbgrader["grade_id"]
                 self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
         self._report_token = judging.token(key, "guard report")
+        # The judges need torch (about 2 s to import): load them while the kernel starts and runs.
+        warm_up = judging.load_checks_in_background(ref for _, ref, _ in self._armed.values())
         nb.cells.append(new_code_cell(f"__import__('autograder.guard').guard.report({self._report_token!r})",
                                       id="autograder-guard"))
         try:
@@ -68,6 +69,7 @@ class GuardedExecute(PrivateSocketExecute):
         finally:
             nb.cells.pop()
         resources["guard_findings"] = self._guard_findings()
+        warm_up.join()
         resources["judge_flags"] = self._judge(nb)
         return nb, resources
 
@@ -112,8 +114,9 @@ class GuardedExecute(PrivateSocketExecute):
         self._probe_bytes += size
         if self._probe_bytes > self.max_probe_bytes_per_notebook:
             return
-        if PROBE_MIME in data:
-            self._received[cell_index].append(data[PROBE_MIME] if isinstance(data[PROBE_MIME], dict) else {})
+        if guard.PROBE_MIME in data:
+            probe = data[guard.PROBE_MIME]
+            self._received[cell_index].append(probe if isinstance(probe, dict) else {})
         if guard.REPORT_MIME in data:
             self._reports.append(data[guard.REPORT_MIME] if isinstance(data[guard.REPORT_MIME], dict) else {})
 

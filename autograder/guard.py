@@ -21,8 +21,10 @@ tampering worth a person's look, not what the grades rest on.
 import builtins
 import os
 import sys
+import types
 
 REPORT_MIME = "application/x.transformers-course.guard+json"
+PROBE_MIME = "application/x.transformers-course.probe+json"  # a hidden test's data (checks/common.py)
 
 # Environment variables the grader sets for the kernel (paths joined with os.pathsep).
 DENY_ENV = "AUTOGRADER_GUARD_DENY"            # never opened, read or write
@@ -36,6 +38,7 @@ IPYTHON_BUILTINS = {"exit", "quit", "get_ipython", "display", "_", "__", "___", 
 
 _namespaces = {}     # name -> the live module (or class) watched
 _modules = {}        # name -> {attribute: object} at install time
+_codes = {}          # (name, attribute) -> the function's code at install time
 _shell_state = {}    # name -> value at install time
 _refusals = []       # what the audit hook refused
 _shell = None
@@ -76,7 +79,19 @@ def _shell_now(shell):
         "IPython transform_cell": _identity(shell.transform_cell),
         "trace function": id(sys.gettrace()),
         "profile function": id(sys.getprofile()),
+        # where a forger would hook in: before cells run, and on the way out to the grader
+        "IPython event hooks defined in the notebook": [
+            id(f) for event in ("pre_run_cell", "pre_execute", "post_run_cell", "post_execute")
+            for f in shell.events.callbacks.get(event, []) if not _library_code(f)],
+        "display publisher": _identity(shell.display_pub.publish),
+        "kernel message sender": _identity(getattr(getattr(shell.display_pub, "session", None), "send", None)),
     }
+
+
+def _library_code(function):
+    """Is this callable installed code (IPython's, matplotlib's), not code the notebook defined?"""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    return code is not None and code.co_filename.startswith((sys.prefix, sys.base_prefix))
 
 
 def _identity(method):
@@ -92,6 +107,8 @@ def install(shell):
     _namespaces.update(_watched_modules())
     for name, namespace in _namespaces.items():
         _modules[name] = dict(vars(namespace))
+        _codes.update({(name, attribute): value.__code__ for attribute, value in _modules[name].items()
+                       if isinstance(value, types.FunctionType)})
     _shell_state.update(_shell_now(shell))
     sys.addaudithook(_make_audit_hook(_paths(DENY_ENV), _paths(READ_ONLY_ENV)))
 
@@ -156,6 +173,8 @@ def changes():
             now = live.get(attribute, _MISSING)
             if now is not original and not _library_wrapper(now, original):
                 found.append(f"{module_name}.{attribute} was replaced or deleted")
+            elif getattr(now, "__code__", None) is not _codes.get((module_name, attribute), getattr(now, "__code__", None)):
+                found.append(f"{module_name}.{attribute} had its code swapped")
     now = _shell_now(_shell)
     found += [f"{what} was changed" for what, value in _shell_state.items() if now[what] != value]
     return found

@@ -19,12 +19,12 @@ While `GuardedExecute` (autograder/execute.py) runs a notebook:
 import ast
 import hashlib
 import hmac
+import importlib
 import os
 import secrets
+import threading
 
 from nbformat.v4 import new_output
-
-from autograder import wire
 
 RUN_KEY_ENV = "AUTOGRADER_RUN_KEY"  # set it to grade reproducibly (the test suite does)
 
@@ -58,6 +58,21 @@ def hidden_check_ref(source):
                 and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases):
             return f"autograder.checks.{aliases[node.func.value.id]}:{node.func.attr}"
     return None
+
+
+def load_checks_in_background(refs):
+    """Import the check modules (and torch with them) in a thread; join it before judging."""
+    modules = sorted({ref.partition(":")[0] for ref in refs})
+
+    def load():
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass  # resolve_check reports it when the cell is judged
+    thread = threading.Thread(target=load, name="load-hidden-checks", daemon=True)
+    thread.start()
+    return thread
 
 
 def resolve_check(ref):
@@ -94,6 +109,7 @@ FORGED = ("the grader received results for this test that the test did not send 
 
 def judge_cell(grade_id, ref, cell_token, messages):
     """Decide one armed test cell from the probe messages that arrived while it ran."""
+    from autograder import wire
     from autograder.checks.common import Seeds, Taken, quiet
     check = resolve_check(ref)
     if check is None:

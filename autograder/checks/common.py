@@ -42,7 +42,6 @@ from torch.overrides import TorchFunctionMode
 
 from autograder import guard, wire
 
-PROBE_MIME = "application/x.transformers-course.probe+json"
 LOCAL_TOKEN = "local"
 
 
@@ -115,7 +114,7 @@ class Check:
         token = _armed.pop("token", None)
         outcome = self.run_probe(Seeds(token or LOCAL_TOKEN), *student)
         if token is not None:
-            guard.publish({PROBE_MIME: {"token": token, "check": self.ref, "outcome": outcome}})
+            guard.publish({guard.PROBE_MIME: {"token": token, "check": self.ref, "outcome": outcome}})
             return
         self.decide(Seeds(LOCAL_TOKEN), wire.decode(outcome))
 
