@@ -39,19 +39,36 @@ class TestResult:
 
 @dataclasses.dataclass
 class Report:
+    """`score` / `max_score` count the required tests; optional stretch tests (grade_id `stretch_...`)
+    are counted apart, in `stretch_score` / `stretch_max_score`, so that no total requires them."""
     notebook: str
     score: float
     max_score: float
     tests: list
     errors: list
     flags: list
+    stretch_score: float = 0.0
+    stretch_max_score: float = 0.0
+
+    @classmethod
+    def of(cls, notebook, tests, errors, flags):
+        required = [t for t in tests if not is_stretch(t.grade_id)]
+        stretch = [t for t in tests if is_stretch(t.grade_id)]
+        return cls(notebook, sum(t.score for t in required), sum(t.max_score for t in required), tests,
+                   list(errors), list(flags), sum(t.score for t in stretch), sum(t.max_score for t in stretch))
+
+    @property
+    def full_marks(self):
+        return self.score == self.max_score and self.stretch_score == self.stretch_max_score
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2)
 
     def to_table(self):
         width = max([len(t.grade_id) for t in self.tests] + [20])
-        lines = [f"{self.notebook}: {self.score:g} / {self.max_score:g} points", ""]
+        stretch = (f" (optional stretch: {self.stretch_score:g} / {self.stretch_max_score:g})"
+                   if self.stretch_max_score else "")
+        lines = [f"{self.notebook}: {self.score:g} / {self.max_score:g} points{stretch}", ""]
         for test in self.tests:
             mark = "PASS" if test.passed else "FAIL"
             lines.append(f"  {mark}  {test.grade_id:<{width}}  {test.score:g}/{test.max_score:g}")
@@ -61,6 +78,14 @@ class Report:
             if items:
                 lines += ["", f"{title}:"] + [f"  - {item}" for item in items]
         return "\n".join(lines)
+
+
+STRETCH_PREFIX = "stretch_"
+
+
+def is_stretch(grade_id):
+    """An optional ★★★ stretch test: graded, reported, but never part of a required total."""
+    return grade_id.startswith(STRETCH_PREFIX)
 
 
 def grade_cells(nb):
@@ -76,8 +101,14 @@ def source_notebook(assignment_id):
 
 @functools.lru_cache(maxsize=None)
 def max_score(assignment_id):
-    """The points an assignment is worth: the sum over its test cells in the source."""
-    return sum(points for _, points in grade_cells(source_notebook(assignment_id)))
+    """The points an assignment is worth: the sum over its required test cells in the source."""
+    return sum(points for grade_id, points in grade_cells(source_notebook(assignment_id)) if not is_stretch(grade_id))
+
+
+@functools.lru_cache(maxsize=None)
+def stretch_points(assignment_id):
+    """The points of an assignment's optional stretch tests."""
+    return sum(points for grade_id, points in grade_cells(source_notebook(assignment_id)) if is_stretch(grade_id))
 
 
 def identify_assignment(path, nb=None):
@@ -202,7 +233,7 @@ def _failure_message(cell):
 
 def _zero_report(assignment_id, name, source_nb, errors, flags=()):
     tests = [TestResult(g, 0.0, p, False, "not graded: see errors") for g, p in grade_cells(source_nb)]
-    return Report(name, 0.0, sum(t.max_score for t in tests), tests, list(errors), list(flags))
+    return Report.of(name, tests, errors, flags)
 
 
 def check_notebook(path, assignment_id=None, cell_timeout=None):
@@ -249,8 +280,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None):
         message = "" if passed else (_failure_message(cells_by_id.get(grade_id, {}))
                                      or "this test did not run")
         tests.append(TestResult(grade_id, score, max_score, passed, message))
-    return Report(assignment_id, sum(t.score for t in tests), sum(t.max_score for t in tests),
-                  tests, errors, flags)
+    return Report.of(assignment_id, tests, errors, flags)
 
 
 def autograde(nb, assignment_id, cell_timeout=None):

@@ -26,7 +26,8 @@ def test_cli_json_is_one_object_with_the_contract_keys():
     result = run_cli("check", str(released_path(EXEMPLAR).relative_to(REPO_ROOT)), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert list(report) == ["notebook", "score", "max_score", "tests", "errors", "flags"]
+    assert list(report) == ["notebook", "score", "max_score", "tests", "errors", "flags",
+                            "stretch_score", "stretch_max_score"]
     assert report["notebook"] == EXEMPLAR and report["score"] == 0.0 and report["max_score"] == EXEMPLAR_POINTS
     for test in report["tests"]:
         assert list(test) == ["grade_id", "score", "max_score", "passed", "message"]

@@ -34,7 +34,7 @@ def test_solution_scores_full_marks(assignment_id, monkeypatch):
     report = check_notebook(solution_path(assignment_id))
     failed = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
     assert not failed and not report.errors, f"solution lost points with {RUN_KEY_ENV}={key}: {failed} {report.errors}"
-    assert report.score == report.max_score > 0
+    assert report.full_marks and report.max_score > 0
     assert report.flags == [], f"a solution should raise no integrity flags: {report.flags}"
 
 
@@ -42,7 +42,7 @@ def test_solution_scores_full_marks(assignment_id, monkeypatch):
 def test_student_filled_release_scores_full_marks(assignment_id, grade_in_tmp):
     """The real path: the released notebook (hidden tests stripped) with correct answers typed in."""
     report = grade_in_tmp(student_notebook(assignment_id), assignment_id)
-    assert report.score == report.max_score, [t.message for t in report.tests if not t.passed]
+    assert report.full_marks, [t.message for t in report.tests if not t.passed]
     assert report.flags == [] and report.errors == []
 
 

@@ -28,7 +28,7 @@ def test_mutant_loses_points(case, grade_in_tmp):
     assignment_id, mutant = case
     report = grade_in_tmp(student_notebook(assignment_id, mutant.answers), assignment_id)
     assert report.errors == [], report.errors
-    assert report.score < report.max_score, f"mutant {mutant.name} got full marks: the tests cannot catch it"
+    assert not report.full_marks, f"mutant {mutant.name} got full marks: the tests cannot catch it"
     tests = scores_by_test(report)
     for grade_id in mutant.loses:
         assert not tests[grade_id].passed, f"mutant {mutant.name} should lose points on {grade_id}"
@@ -43,5 +43,5 @@ def test_alternative_gets_full_marks(case, grade_in_tmp):
     assignment_id, alternative = case
     report = grade_in_tmp(student_notebook(assignment_id, alternative.answers), assignment_id)
     lost = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
-    assert report.score == report.max_score, f"correct alternative {alternative.name} lost points: {lost}"
+    assert report.full_marks, f"correct alternative {alternative.name} lost points: {lost}"
     assert report.errors == []
