@@ -1,0 +1,195 @@
+"""Architecture diagrams drawn by code: boxes, arrows and shapes, one function per picture.
+
+    from courselib import diagrams
+    diagrams.qkv_projections()        # 04: where Q, K and V come from
+    diagrams.head_split()             # 05: (B, T, d_model) -> (B, h, T, d_head)
+    diagrams.encoder_decoder()        # 06, 10: encoder, decoder and the cross-attention arrows
+    diagrams.post_ln_vs_pre_ln()      # 07: the two places a LayerNorm can sit
+    diagrams.decoder_only_block()     # 09: GPT's pre-LN causal block and the residual stream
+
+Every picture is made of `Box`es and arrows on one matplotlib axis (`draw`), so a new diagram is a
+list of boxes and a list of arrows. Each function returns the axis it drew on.
+"""
+import dataclasses
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.path import Path
+
+# One colour per kind of part, used by every diagram.
+COLOURS = {
+    "input": "#e8eef7", "embedding": "#dbe9d5", "attention": "#f9dcc4", "cross": "#f4c7c3",
+    "ffn": "#d6e4f0", "norm": "#fff2b3", "add": "#ffffff", "output": "#e4d9f2", "tensor": "#f2f2f2",
+    "projection": "#cfe8e3",
+}
+
+
+@dataclasses.dataclass
+class Box:
+    """A labelled rectangle centred at (x, y) on a 0..100 canvas."""
+    name: str
+    x: float
+    y: float
+    label: str
+    kind: str = "tensor"
+    width: float = 22.0
+    height: float = 7.0
+
+    def edge(self, toward):
+        """The point on this box's border in the direction of the point `toward`."""
+        dx, dy = toward[0] - self.x, toward[1] - self.y
+        if dx == dy == 0:
+            return self.x, self.y
+        scale = min(self.width / 2 / abs(dx) if dx else float("inf"),
+                    self.height / 2 / abs(dy) if dy else float("inf"))
+        return self.x + dx * scale, self.y + dy * scale
+
+
+def draw(boxes, arrows, title="", size=(7, 6), ax=None, limits=((0, 100), (0, 100)), notes=()):
+    """Draw `boxes` and `arrows` ((from, to) or (from, to, label) or (from, to, label, style)).
+
+    style: "solid" (data flow), "dashed" (a residual or skip connection), "cross" (cross-attention).
+    `notes` are (x, y, text) annotations.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=size)
+    by_name = {box.name: box for box in boxes}
+    for box in boxes:
+        ax.add_patch(FancyBboxPatch((box.x - box.width / 2, box.y - box.height / 2), box.width, box.height,
+                                    boxstyle="round,pad=0.4,rounding_size=1.2", linewidth=1.2,
+                                    edgecolor="#444444", facecolor=COLOURS.get(box.kind, COLOURS["tensor"])))
+        ax.text(box.x, box.y, box.label, ha="center", va="center", fontsize=9)
+    for arrow in arrows:
+        start, end = by_name[arrow[0]], by_name[arrow[1]]
+        label = arrow[2] if len(arrow) > 2 else ""
+        style = arrow[3] if len(arrow) > 3 else "solid"
+        colour = {"cross": "#c0392b", "dashed": "#7f8c8d"}.get(style, "#333333")
+        if style == "dashed":  # a skip connection: out to the right of the column, up, and back in
+            side = max(start.x + start.width / 2, end.x + end.width / 2) + 5
+            corners = [(start.x + start.width / 2, start.y), (side, start.y), (side, end.y),
+                       (end.x + end.width / 2 + 0.8, end.y)]
+            patch = FancyArrowPatch(path=Path(corners, [Path.MOVETO] + [Path.LINETO] * 3), arrowstyle="-|>",
+                                    mutation_scale=12, color=colour, linewidth=1.3, linestyle="--")
+            text_at = (side + 1, (start.y + end.y) / 2)
+        else:
+            a, b = start.edge((end.x, end.y)), end.edge((start.x, start.y))
+            patch = FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=colour, linewidth=1.3)
+            text_at = ((a[0] + b[0]) / 2 + 1.5, (a[1] + b[1]) / 2)
+        ax.add_patch(patch)
+        if label:
+            ax.text(*text_at, label, fontsize=8, color=colour, ha="left", va="center")
+    for x, y, text in notes:
+        ax.text(x, y, text, fontsize=8, ha="center", va="center", color="#555555", style="italic")
+    ax.set_xlim(*limits[0])
+    ax.set_ylim(*limits[1])
+    ax.set_aspect("auto")
+    ax.axis("off")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def qkv_projections(ax=None):
+    """04: each token's vector x is projected three ways; Q·Kᵀ scores, softmax weighs V."""
+    boxes = [
+        Box("X", 50, 90, "X  (T, d_model)\none row per token", "input", 30),
+        Box("Q", 18, 68, "Q = X W_Q\n(T, d_k)", "projection"), Box("K", 50, 68, "K = X W_K\n(T, d_k)", "projection"),
+        Box("V", 82, 68, "V = X W_V\n(T, d_v)", "projection"),
+        Box("S", 34, 44, "scores = Q Kᵀ / √d_k\n(T, T)", "attention", 30),
+        Box("W", 34, 24, "weights = softmax(scores)\nrow-wise  (T, T)", "attention", 30),
+        Box("A", 58, 6, "output = weights V\n(T, d_v)", "output", 26),
+    ]
+    arrows = [("X", "Q", "W_Q"), ("X", "K", "W_K"), ("X", "V", "W_V"), ("Q", "S", "query"),
+              ("K", "S", "key"), ("S", "W"), ("W", "A"), ("V", "A", "value")]
+    return draw(boxes, arrows, "Where Q, K and V come from", ax=ax)
+
+
+def head_split(num_heads=4, ax=None):
+    """05: d_model splits into h slices of d_head; each head attends on its own slice."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    colours = ["#f9dcc4", "#d6e4f0", "#dbe9d5", "#e4d9f2", "#fff2b3", "#f4c7c3"]
+    # (T, d_model) as one wide strip of h coloured slices
+    for h in range(num_heads):
+        ax.add_patch(FancyBboxPatch((5 + h * 15, 70), 15, 18, boxstyle="square,pad=0",
+                                    facecolor=colours[h % len(colours)], edgecolor="#444444"))
+        ax.text(12.5 + h * 15, 79, f"head {h}\nd_head", ha="center", va="center", fontsize=8)
+    ax.text(5 + num_heads * 7.5, 93, "(B, T, d_model):  .view(B, T, h, d_head)", ha="center", fontsize=9)
+    # h stacked (T, d_head) blocks
+    for h in range(num_heads):
+        ax.add_patch(FancyBboxPatch((75 + h * 2.5, 10 + h * 12), 18, 10, boxstyle="square,pad=0",
+                                    facecolor=colours[h % len(colours)], edgecolor="#444444"))
+        ax.text(84 + h * 2.5, 15 + h * 12, f"head {h}: (T, d_head)", ha="center", va="center", fontsize=7)
+    ax.text(86, 64, ".transpose(1, 2)\n(B, h, T, d_head)", ha="center", fontsize=9)
+    ax.add_patch(FancyArrowPatch((5 + num_heads * 15 + 2, 76), (78, 60), arrowstyle="-|>", mutation_scale=14,
+                                 connectionstyle="arc3,rad=-0.2", color="#333333"))
+    ax.text(35, 45, "each head runs scaled dot-product attention\non its own slice, in one batched matmul;\n"
+            "merge_heads is the inverse: transpose back,\nthen .reshape(B, T, d_model)", fontsize=9,
+            ha="center", va="center")
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 100)
+    ax.axis("off")
+    ax.set_title("Splitting d_model into heads")
+    return ax
+
+
+def encoder_decoder(ax=None):
+    """06, 10: the encoder reads the source once; every decoder layer attends to its output."""
+    boxes = [
+        Box("src", 22, 6, "source tokens", "input"), Box("src_emb", 22, 20, "embedding\n+ positions", "embedding"),
+        Box("enc_attn", 22, 38, "self-attention\n(padding mask)", "attention"),
+        Box("enc_ffn", 22, 56, "feed-forward", "ffn"), Box("memory", 22, 76, "encoder output\n(B, S, d_model)", "output", 26),
+        Box("tgt", 75, 6, "target tokens\n(shifted right)", "input"), Box("tgt_emb", 75, 20, "embedding\n+ positions", "embedding"),
+        Box("dec_self", 75, 36, "masked self-attention\n(causal)", "attention", 28),
+        Box("dec_cross", 75, 54, "cross-attention\nQ: decoder; K, V: encoder", "cross", 30),
+        Box("dec_ffn", 75, 70, "feed-forward", "ffn"), Box("head", 75, 86, "linear + softmax\nnext target token", "output", 26),
+    ]
+    arrows = [("src", "src_emb"), ("src_emb", "enc_attn"), ("enc_attn", "enc_ffn"), ("enc_ffn", "memory"),
+              ("tgt", "tgt_emb"), ("tgt_emb", "dec_self"), ("dec_self", "dec_cross"), ("dec_cross", "dec_ffn"),
+              ("dec_ffn", "head"), ("memory", "dec_cross", "keys, values", "cross")]
+    notes = [(22, 95, "encoder (× N layers)"), (75, 96, "decoder (× N layers)"),
+             (48, 30, "residual + LayerNorm\naround every sublayer")]
+    return draw(boxes, arrows, "Encoder–decoder: cross-attention joins the two stacks", ax=ax, size=(8, 7),
+                notes=notes)
+
+
+def _sublayer_column(x, pre_ln, prefix):
+    if pre_ln:
+        return [Box(f"{prefix}in", x, 6, "x", "input", 10), Box(f"{prefix}n1", x, 20, "LayerNorm", "norm"),
+                Box(f"{prefix}attn", x, 34, "self-attention", "attention"), Box(f"{prefix}add1", x, 48, "+", "add", 6, 6),
+                Box(f"{prefix}n2", x, 60, "LayerNorm", "norm"), Box(f"{prefix}ffn", x, 74, "feed-forward", "ffn"),
+                Box(f"{prefix}add2", x, 88, "+", "add", 6, 6)]
+    return [Box(f"{prefix}in", x, 6, "x", "input", 10), Box(f"{prefix}attn", x, 20, "self-attention", "attention"),
+            Box(f"{prefix}add1", x, 34, "+", "add", 6, 6), Box(f"{prefix}n1", x, 46, "LayerNorm", "norm"),
+            Box(f"{prefix}ffn", x, 60, "feed-forward", "ffn"), Box(f"{prefix}add2", x, 74, "+", "add", 6, 6),
+            Box(f"{prefix}n2", x, 88, "LayerNorm", "norm")]
+
+
+def post_ln_vs_pre_ln(ax=None):
+    """07: post-LN normalises after each residual sum; pre-LN normalises only the sublayer's input,
+    so the residual stream itself is never normalised inside the block."""
+    post, pre = _sublayer_column(25, False, "post_"), _sublayer_column(75, True, "pre_")
+    path = lambda column: [(a.name, b.name) for a, b in zip(column, column[1:])]  # noqa: E731
+    arrows = path(post) + path(pre) + [
+        ("post_in", "post_add1", "residual", "dashed"), ("post_n1", "post_add2", "residual", "dashed"),
+        ("pre_in", "pre_add1", "residual", "dashed"), ("pre_add1", "pre_add2", "residual", "dashed")]
+    notes = [(25, 97, "post-LN (2017 Transformer, BERT)"), (75, 97, "pre-LN (GPT-2 and most LLMs)")]
+    return draw(post + pre, arrows, "", ax=ax, size=(9, 7), notes=notes, limits=((0, 100), (0, 100)))
+
+
+def decoder_only_block(ax=None):
+    """09: GPT's block: pre-LN, causal self-attention, feed-forward, on a residual stream."""
+    boxes = [Box("tok", 40, 3, "token + position embeddings", "embedding", 36),
+             Box("n1", 40, 16, "LayerNorm", "norm"), Box("attn", 40, 28, "causal self-attention", "attention", 32),
+             Box("add1", 40, 40, "+", "add", 6, 6), Box("n2", 40, 52, "LayerNorm", "norm"),
+             Box("ffn", 40, 64, "feed-forward (d → 4d → d)", "ffn", 32), Box("add2", 40, 76, "+", "add", 6, 6),
+             Box("nf", 40, 88, "final LayerNorm", "norm"),
+             Box("head", 40, 100, "LM head (tied to the embedding)", "output", 40)]
+    arrows = [("tok", "n1"), ("n1", "attn"), ("attn", "add1"), ("add1", "n2"), ("n2", "ffn"), ("ffn", "add2"),
+              ("add2", "nf"), ("nf", "head"), ("tok", "add1", "residual stream", "dashed"),
+              ("add1", "add2", "", "dashed")]
+    notes = [(12, 58, "× N blocks")]
+    ax = draw(boxes, arrows, "A decoder-only (GPT) block", ax=ax, size=(6.5, 8.5), limits=((0, 100), (-4, 106)),
+              notes=notes)
+    ax.plot([22, 22], [10, 80], color="#999999", linewidth=1)  # the bracket of one block
+    return ax
