@@ -19,6 +19,9 @@ def main(argv=None):
     check.add_argument("--json", action="store_true", help="print one JSON object (the grading contract)")
     check.add_argument("--assignment", help="the assignment id, when the file name doesn't say it")
     check.add_argument("--timeout", type=int, help="seconds allowed per cell")
+    check.add_argument("--sandbox", choices=["required", "preferred", "off"], default="preferred",
+                       help="run the kernel in the OS sandbox: preferred (default: unsandboxed, with a "
+                            "warning, where the machine cannot), required, or off")
     release_parser = commands.add_parser("release", help="regenerate course/ from solutions/")
     release_parser.add_argument("assignments", nargs="*", help="only these assignments (default: all)")
     commands.add_parser("grade", help="grade a whole class (see: python -m autograder grade --help)")
@@ -28,7 +31,8 @@ def main(argv=None):
         for path in release(only=args.assignments or None):
             print(f"released {path}")
         return 0
-    report = check_notebook(args.path, assignment_id=args.assignment, cell_timeout=args.timeout)
+    report = check_notebook(args.path, assignment_id=args.assignment, cell_timeout=args.timeout,
+                            sandbox_mode=args.sandbox)
     print(report.to_json() if args.json else report.to_table())
     return 0
 

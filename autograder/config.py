@@ -22,6 +22,8 @@ CELL_TIMEOUT_SECONDS = 60
 # maps about 0.8 GB; a memory bomb gets MemoryError at the cap instead of taking the machine down.
 KERNEL_MEMORY_BYTES = 4 * 2**30
 KERNEL_FILE_SIZE_BYTES = 256 * 2**20
+# CPU seconds of a grading kernel: a generous backstop behind the per-cell timeout (notebooks take < 1 min).
+KERNEL_CPU_SECONDS = 20 * 60
 # Output kept per cell while a notebook runs (autograder/execute.py); nbgrader's LimitOutput then
 # trims what is kept to 1000 lines.
 MAX_OUTPUT_BYTES_PER_CELL = 1_000_000
@@ -56,6 +58,9 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     # notebook; the default (4 s) is too short on a loaded grading machine.
     c.Execute.iopub_timeout = 30
     c.GuardedExecute.max_output_bytes_per_cell = MAX_OUTPUT_BYTES_PER_CELL
+    # Every grading kernel runs in the OS sandbox (autograder/sandbox.py); nbgrader autograde fails a
+    # notebook rather than grade it unsandboxed. Self-study `check` and `grade --unsandboxed` relax it.
+    c.GuardedExecute.sandbox = "required"
     # A deleted test cell is put back from the source, as the instructor wrote it.
     c.OverwriteCells.add_missing_cells = True
     # A library warning on stderr must never cost a correct answer its points (see stderr.py).

@@ -20,10 +20,12 @@ import pathlib
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Integer, Unicode
+from jupyter_client.kernelspec import KernelSpecManager
+from traitlets import Enum, Integer, Unicode
 
 from autograder import guard, judging
-from autograder.kernel_manager import PrivateSocketExecute
+from autograder.kernel_manager import PrivateSocketExecute, SandboxedKernelManager
+from autograder.sandbox import MODES as SANDBOX_MODES
 
 KERNELSPEC_DIR = pathlib.Path(__file__).resolve().parent / "jupyter" / "kernels"
 NO_REPORT = ("the grader's final integrity check did not report back: code in the notebook "
@@ -41,9 +43,20 @@ class GuardedExecute(PrivateSocketExecute):
     max_output_bytes_per_notebook = Integer(4_000_000, help="output kept per notebook").tag(config=True)
     max_probe_bytes_per_notebook = Integer(64_000_000, help="hidden tests' data received per notebook").tag(config=True)
 
+    sandbox = Enum(list(SANDBOX_MODES), default_value="required",
+                   help="run each kernel in the OS sandbox (autograder/sandbox.py): required, preferred "
+                        "(unsandboxed where the machine cannot) or off").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
-        km.kernel_spec_manager.kernel_dirs.append(str(KERNELSPEC_DIR))
+        # Only the course's own kernelspec: never one named like it in a folder a student could write.
+        km.kernel_spec_manager = KernelSpecManager(kernel_dirs=[str(KERNELSPEC_DIR)], parent=km)
+        if isinstance(km, SandboxedKernelManager):
+            km.sandbox = self.sandbox
         return km
 
     def preprocess(self, nb, resources=None, km=None):

