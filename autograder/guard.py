@@ -173,7 +173,8 @@ def changes():
             now = live.get(attribute, _MISSING)
             if now is not original and not _library_wrapper(now, original):
                 found.append(f"{module_name}.{attribute} was replaced or deleted")
-            elif getattr(now, "__code__", None) is not _codes.get((module_name, attribute), getattr(now, "__code__", None)):
+            elif now is original and getattr(now, "__code__", None) is not _codes.get((module_name, attribute),
+                                                                                      getattr(now, "__code__", None)):
                 found.append(f"{module_name}.{attribute} had its code swapped")
     now = _shell_now(_shell)
     found += [f"{what} was changed" for what, value in _shell_state.items() if now[what] != value]

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, to_numpy
 
@@ -336,3 +337,82 @@ def judge_sdpa_mask(seeds, results):
                                  "set their scores to -inf before the softmax (not to 0 after it).")
         expect_close(weights, oracle_weights(q, k, mask=mask), f"weights with {description}")
         expect_close(output, oracle_attention(q, k, v, mask=mask), f"output with {description}")
+
+
+# ---------------------------------------------------------------- exercise 4 (optional stretch): online_attention
+class LargestTensor(TorchFunctionMode):
+    """Records the largest number of elements of any tensor a torch call returns while active.
+    (A function mode: a dispatch mode would import torch._dynamo, 3 s, into the kernel.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for value in torch.utils._pytree.tree_leaves(result):
+            if torch.is_tensor(value):
+                self.largest = max(self.largest, value.numel())
+        return result
+
+
+def _online(fn, q, k, v, chunk_size):
+    result = call(fn, q, k, v, chunk_size, name="online_attention", forbidden=ORACLE_SHORTCUTS,
+                  forbidden_advice="build the output from running maxima and sums; torch's "
+                                   "scaled_dot_product_attention is the oracle here.")
+    if not torch.is_tensor(result):
+        raise AssertionError(f"online_attention should return a tensor, but it returned {type(result).__name__}.")
+    return result
+
+
+ONLINE_CHUNKS = (1, 3, 5, 13, 40)  # T_k = 13: chunks that divide it, that don't, one past it
+
+
+def online_problem(seeds):
+    return sdpa_problem(seeds.generator(1212), (2, 3), t_q=4, t_k=13, d_k=6, d_v=5, scale=3.0, dtype=torch.float64)
+
+
+@probe
+def stretch_online_attention_values(seeds, fn):
+    q, k, v = online_problem(seeds)
+    return [_online(fn, q, k, v, chunk) for chunk in ONLINE_CHUNKS]
+
+
+@stretch_online_attention_values.judge
+def judge_stretch_online_attention_values(seeds, outputs):
+    q, k, v = online_problem(seeds)
+    expected = oracle_attention(q, k, v)
+    t_k = k.shape[-2]
+    for chunk, output in zip(ONLINE_CHUNKS, outputs):
+        last_start = (t_k - 1) // chunk * chunk        # where the last chunk begins
+        whole = t_k // chunk * chunk                   # the keys in whole chunks
+        diagnoses = {"only the last chunk reached the output: add each chunk's sums to the running ones "
+                     "(rescaled), don't replace them.": oracle_attention(q, k[..., last_start:, :], v[..., last_start:, :])}
+        if 0 < whole < t_k:
+            diagnoses["the last, shorter chunk was dropped: loop over range(0, T_k, chunk_size) and slice past "
+                      "the end (slicing stops at T_k)."] = oracle_attention(q, k[..., :whole, :], v[..., :whole, :])
+        expect_close(output, expected, f"online_attention with T_k = {t_k} and chunk_size={chunk}", rtol=1e-7,
+                     atol=1e-9, diagnoses=diagnoses,
+                     hint="Rescale both ℓ and o by exp(m - m') whenever the running maximum changes.")
+
+
+MEMORY_PROBLEM = dict(batch=(2,), t_q=16, t_k=64, d_k=4, d_v=4)
+
+
+@probe
+def stretch_online_attention_memory(seeds, fn):
+    q, k, v = sdpa_problem(seeds.generator(1313), **MEMORY_PROBLEM, scale=6.0)
+    with LargestTensor() as measured:
+        output = _online(fn, q, k, v, 8)
+    return {"output": output, "largest": measured.largest}
+
+
+@stretch_online_attention_memory.judge
+def judge_stretch_online_attention_memory(seeds, data):
+    q, k, v = sdpa_problem(seeds.generator(1313), **MEMORY_PROBLEM, scale=6.0)
+    expect_close(data["output"], oracle_attention(q, k, v), "online_attention (chunk_size=8, T_k=64)")
+    full = math.prod(MEMORY_PROBLEM["batch"]) * MEMORY_PROBLEM["t_q"] * MEMORY_PROBLEM["t_k"]
+    if not 0 < data["largest"] < full:
+        raise AssertionError(
+            f"online_attention created a tensor of {data['largest']} numbers, as many as the full "
+            f"(B, T_q, T_k) score matrix ({full}): compute the scores of one chunk of keys at a time.")

@@ -63,16 +63,20 @@ def test_released_notebook_scores_zero_and_only_stubs_fail(assignment_id):
 
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
 def test_solution_executes_within_budget(assignment_id):
+    """The budget is in CPU seconds of the kernel (imports included), which a loaded machine does not
+    inflate the way it inflates wall-clock time; on an idle 2-core machine the two agree (one thread)."""
     nb = nbformat.read(solution_path(assignment_id), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("import time\nprint('kernel CPU seconds:', time.process_time())"))
     # run beside the notebook's data files, as Jupyter does (outputs stay in memory)
-    client = NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
                             resources={"metadata": {"path": str(solution_path(assignment_id).parent)}})
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
-    print(f"{assignment_id} executed in {elapsed:.1f} s")
+    cpu = float(nb.cells[-1].outputs[0].text.split(":")[1])
+    print(f"{assignment_id} executed in {elapsed:.1f} s wall-clock, {cpu:.1f} s of kernel CPU")
     budget = TRAINING_BUDGET_SECONDS if assignment_id.startswith(TRAINING_NOTEBOOKS) else EXECUTION_BUDGET_SECONDS
-    assert elapsed < budget, f"{assignment_id} took {elapsed:.1f} s to execute (budget {budget} s)"
+    assert cpu < budget, f"{assignment_id} took {cpu:.1f} s of CPU to execute (budget {budget} s)"
 
 
 def test_course_is_exactly_what_release_generates(tmp_path):

@@ -5,6 +5,7 @@ ASSIGNMENT = "04_self_attention"
 BY_HAND = "self_attention_by_hand_answer"
 SOFTMAX = "softmax_answer"
 SDPA = "scaled_dot_product_attention_answer"
+ONLINE = "online_attention_answer"
 
 
 def by_hand(body):
@@ -17,6 +18,18 @@ def softmax(body):
 
 def sdpa(body):
     return "def scaled_dot_product_attention(q, k, v, mask=None):\n" + body
+
+
+def online(body):
+    return "def online_attention(q, k, v, chunk_size):\n" + body
+
+
+ONLINE_STATE = """
+    scale = 1 / math.sqrt(q.shape[-1])
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+    l = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype)
+    o = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+"""
 
 
 STABLE_NUMPY_SOFTMAX = """
@@ -142,6 +155,39 @@ MUTANTS = [
     weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights
 """)}, loses=("sdpa_shapes", "sdpa_values_match_torch"), message="oracle"),
+    # ---- online_attention (optional stretch)
+    Variant("online_forgets_to_rescale_when_the_max_changes", {ONLINE: online(ONLINE_STATE + """
+    for start in range(0, k.shape[-2], chunk_size):
+        s = q @ k[..., start:start + chunk_size, :].mT * scale
+        new_m = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p = torch.exp(s - new_m)
+        l = l + p.sum(dim=-1, keepdim=True)
+        o = o + p @ v[..., start:start + chunk_size, :]
+        m = new_m
+    return o / l
+""")}, loses=("stretch_online_attention_values",), message="exp(m - m')"),
+    Variant("online_drops_the_last_short_chunk", {ONLINE: online(ONLINE_STATE + """
+    for start in range(0, k.shape[-2] - chunk_size + 1, chunk_size):
+        s = q @ k[..., start:start + chunk_size, :].mT * scale
+        new_m = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p, r = torch.exp(s - new_m), torch.exp(m - new_m)
+        l = l * r + p.sum(dim=-1, keepdim=True)
+        o = o * r + p @ v[..., start:start + chunk_size, :]
+        m = new_m
+    return o / l
+""")}, loses=("stretch_online_attention_values",), message="shorter chunk"),
+    Variant("online_builds_the_full_score_matrix", {ONLINE: online("""
+    scores = q @ k.mT / math.sqrt(q.shape[-1])
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ v
+""")}, loses=("stretch_online_attention_memory",), message="one chunk of keys at a time"),
+    Variant("online_calls_the_oracle_captured_early", {ONLINE: """\
+import torch
+_attention = torch.nn.functional.scaled_dot_product_attention
+
+def online_attention(q, k, v, chunk_size):
+    return _attention(q, k, v)
+"""}, loses=("stretch_online_attention_values", "stretch_online_attention_memory"), message="flagged for review"),
 ]
 
 
@@ -213,5 +259,28 @@ ALTERNATIVES = [
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
+""")}),
+    Variant("online_two_passes_max_then_sums", {ONLINE: online("""
+    scale = q.shape[-1] ** -0.5
+    chunks = range(0, k.shape[-2], chunk_size)
+    m = torch.stack([(q @ k[..., i:i + chunk_size, :].mT * scale).amax(dim=-1) for i in chunks]).amax(dim=0)[..., None]
+    l, o = 0, 0
+    for i in chunks:
+        p = torch.exp(q @ k[..., i:i + chunk_size, :].mT * scale - m)
+        l = l + p.sum(dim=-1, keepdim=True)
+        o = o + p @ v[..., i:i + chunk_size, :]
+    return o / l
+""")}),
+    Variant("online_logsumexp_state", {ONLINE: online("""
+    scale = 1 / math.sqrt(q.shape[-1])
+    log_l = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+    o = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+    for start in range(0, k.shape[-2], chunk_size):
+        s = q @ k[..., start:start + chunk_size, :].transpose(-2, -1) * scale
+        chunk_log_l = torch.logsumexp(s, dim=-1, keepdim=True)
+        new_log_l = torch.logaddexp(log_l, chunk_log_l)
+        o = o * torch.exp(log_l - new_log_l) + torch.exp(s - new_log_l) @ v[..., start:start + chunk_size, :]
+        log_l = new_log_l
+    return o
 """)}),
 ]
