@@ -1,28 +1,70 @@
-"""Hidden checks for 03_positional_encoding. Each function is one grade cell's hidden part.
+"""Hidden checks for 03_positional_encoding. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape first, then values on sizes the visible tests never use,
-then behaviour. The oracles are independent of the reference solution:
+Each has a probe (in the student's kernel: build the inputs, call the student's code through `call`,
+return what it produced as data) and a judge (in the grader: rebuild the inputs from the same seeds,
+compute the oracle, compare, name the misconception). Layered as the course's tests are: shape
+first, then values on sizes the visible tests never use (some drawn from the run's seeds), then
+behaviour. The oracles are independent of the reference solution:
 - `oracle_pe`: the formula of Vaswani et al. written pair by pair in NumPy float64, for any base
   and any (even negative) positions. It agrees with transformers' XLM/DistilBERT
   `create_sinusoidal_embeddings` to float32 precision; that import costs seconds, so the checks use
-  the NumPy form.
+  the NumPy form (and forbid the library's version while the student's code runs).
 - relative shifts are graded by the identity they must satisfy, PE[t + k] == PE[t] @ M, over many
   t, k, d and bases, with PE from `oracle_pe` (never from the student's exercise 1);
-- the learned table is compared with `torch.nn.functional.embedding` and with torch's autograd.
+- the learned table is compared with `torch.nn.functional.embedding` and with torch's autograd, on
+  a table the check fills with seeded weights (the judge rebuilds them).
+Where raising is the right answer (odd d_model, too long a sequence), the probe reports what was
+raised, as data (`attempt`), and the judge decides.
 """
+import math
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import call, expect_close, expect_shape, quiet, to_numpy
+from autograder.checks.common import Forbidden, call, expect_close, expect_shape, probe, quiet, to_numpy
 
 PE_NAME = "sinusoidal_positional_encoding"
 SHIFT_NAME = "relative_shift_matrix"
 LEARNED_NAME = "LearnedPositionalEmbedding"
 LIBRARY_SHORTCUTS = ["transformers.models.xlm.modeling_xlm.create_sinusoidal_embeddings",
-                     "transformers.models.distilbert.modeling_distilbert.create_sinusoidal_embeddings"]
+                     "transformers.models.distilbert.modeling_distilbert.create_sinusoidal_embeddings",
+                     "transformers.models.distilbert.modeling_distilbert._create_sinusoidal_embeddings"]
+
+
+# ---------------------------------------------------------------- raising as data (probe and judge)
+class _Attempt:
+    """`fn(*args)` for `call`, with the exception it raises as its result (here raising may be the right
+    answer). It carries fn's globals, so that `call` swaps helpers into the student's namespace."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        if hasattr(fn, "__globals__"):
+            self.__globals__ = fn.__globals__
+
+    def __call__(self):
+        try:
+            return ("returned", self.fn(*self.args, **self.kwargs))
+        except (NotImplementedError, Forbidden):
+            raise
+        except Exception as error:  # the judge decides whether this was the right exception
+            return ("raised", error)
+
+
+def attempt(fn, *args, name, forbidden=(), forbidden_advice="", helpers=None, **kwargs):
+    """Probe side: what `fn(*args)` did, as data: {"error": None or the exception's type name,
+    "value_error": bool, "message": str, "shape": the result's shape or None}."""
+    kind, value = call(_Attempt(fn, args, kwargs), name=name, forbidden=forbidden,
+                       forbidden_advice=forbidden_advice, helpers=helpers)
+    if kind == "raised":
+        return {"error": type(value).__name__, "value_error": isinstance(value, ValueError),
+                "message": str(value), "shape": None}
+    try:
+        shape = tuple(int(n) for n in value.shape)
+    except (AttributeError, TypeError, ValueError):
+        shape = None
+    return {"error": None, "value_error": False, "message": "", "shape": shape}
 
 
 # ---------------------------------------------------------------- oracles
@@ -85,6 +127,7 @@ def pe_diagnoses(num_positions, d_model, base):
     return diagnoses
 
 
+
 # ---------------------------------------------------------------- exercise 1: sinusoidal_positional_encoding
 def library_shortcuts():
     """The library versions of the formula, forbidden only if already imported: patching one would
@@ -92,10 +135,12 @@ def library_shortcuts():
     return [target for target in LIBRARY_SHORTCUTS if target.rsplit(".", 1)[0] in sys.modules]
 
 
+LIBRARY_ADVICE = "write the formula yourself: transformers' implementation is the oracle here, not the answer."
+
+
 def _pe(fn, num_positions, d_model, **kwargs):
     result = call(fn, num_positions, d_model, name=PE_NAME, forbidden=library_shortcuts(),
-                  forbidden_advice="write the formula yourself: transformers' implementation is the "
-                                   "oracle here, not the answer.", **kwargs)
+                  forbidden_advice=LIBRARY_ADVICE, **kwargs)
     if not torch.is_tensor(result):
         raise AssertionError(f"{PE_NAME} should return a torch tensor, but it returned "
                              f"{type(result).__name__}. Convert with torch.from_numpy(...).float() "
@@ -110,22 +155,45 @@ def pe_shape_hint(num_positions, d_model, result):
     return hint
 
 
-def sinusoidal_shape(fn):
-    for num_positions, d_model in [(7, 10), (50, 4), (1, 2), (3, 16)]:
-        result = _pe(fn, num_positions, d_model)
+def _expect_float32(result, name, advice):
+    if result.dtype != torch.float32:
+        raise AssertionError(f"{name} returned {result.dtype}; {advice}")
+
+
+SHAPE_CASES = [(7, 10), (50, 4), (1, 2), (3, 16)]
+
+
+@probe
+def sinusoidal_shape(seeds, fn):
+    return [_pe(fn, num_positions, d_model) for num_positions, d_model in SHAPE_CASES]
+
+
+@sinusoidal_shape.judge
+def judge_sinusoidal_shape(seeds, results):
+    for (num_positions, d_model), result in zip(SHAPE_CASES, results):
         expect_shape(result, (num_positions, d_model), f"{PE_NAME}({num_positions}, {d_model})",
                      pe_shape_hint(num_positions, d_model, result))
-        if result.dtype != torch.float32:
-            raise AssertionError(
-                f"{PE_NAME} returned {result.dtype}; return float32 (torch's default). np.sin gives "
-                "float64, and a float64 encoding added to float32 embeddings turns them into float64, "
-                "which nn.Linear then refuses. Use .float() or compute in torch.")
+        _expect_float32(result, PE_NAME,
+                        "return float32 (torch's default). np.sin gives float64, and a float64 encoding added to "
+                        "float32 embeddings turns them into float64, which nn.Linear then refuses. Use .float() "
+                        "or compute in torch.")
 
 
-def sinusoidal_values(fn):
-    # float32 answers: positions up to a few hundred keep the angle error under 1e-4.
-    for num_positions, d_model in [(37, 12), (20, 64), (6, 6), (300, 16)]:
-        result = _pe(fn, num_positions, d_model)
+def value_cases(seeds):
+    """Fixed sizes, and one drawn for this run. float32 answers: positions up to a few hundred keep the
+    angle error under 1e-4."""
+    rng = seeds.random(301)
+    return [(37, 12), (20, 64), (6, 6), (300, 16), (rng.randint(2, 300), 2 * rng.randint(1, 32))]
+
+
+@probe
+def sinusoidal_values(seeds, fn):
+    return [_pe(fn, num_positions, d_model) for num_positions, d_model in value_cases(seeds)]
+
+
+@sinusoidal_values.judge
+def judge_sinusoidal_values(seeds, results):
+    for (num_positions, d_model), result in zip(value_cases(seeds), results):
         expect_shape(result, (num_positions, d_model), f"{PE_NAME}({num_positions}, {d_model})",
                      pe_shape_hint(num_positions, d_model, result))
         expect_close(result, oracle_pe(np.arange(num_positions), d_model), f"{PE_NAME}({num_positions}, {d_model})",
@@ -133,38 +201,55 @@ def sinusoidal_values(fn):
                      diagnoses=pe_diagnoses(num_positions, d_model, 10000.0), atol=1e-4)
 
 
-def sinusoidal_base(fn):
-    for num_positions, d_model, base in [(30, 8, 100.0), (12, 6, 2.5), (9, 10, 1e6)]:
-        result = _pe(fn, num_positions, d_model, base=base)
+def base_cases(seeds):
+    """Fixed bases, and one drawn for this run (log-uniform between 2 and 10⁶)."""
+    rng = seeds.random(302)
+    drawn_base = float(f"{math.exp(rng.uniform(math.log(2.0), math.log(1e6))):.4g}")
+    return [(30, 8, 100.0), (12, 6, 2.5), (9, 10, 1e6), (rng.randint(2, 60), 2 * rng.randint(1, 16), drawn_base)]
+
+
+@probe
+def sinusoidal_base(seeds, fn):
+    return [_pe(fn, num_positions, d_model, base=base) for num_positions, d_model, base in base_cases(seeds)]
+
+
+@sinusoidal_base.judge
+def judge_sinusoidal_base(seeds, results):
+    for (num_positions, d_model, base), result in zip(base_cases(seeds), results):
         expect_close(result, oracle_pe(np.arange(num_positions), d_model, base),
                      f"{PE_NAME}({num_positions}, {d_model}, base={base:g})",
                      "The frequencies are base^(-2i/d_model): use the `base` argument, not the constant 10000.",
                      diagnoses=pe_diagnoses(num_positions, d_model, base), atol=1e-4)
 
 
-def sinusoidal_odd_d_model(fn):
-    for num_positions, d_model in [(4, 7), (10, 1)]:
-        try:
-            with quiet():
-                result = fn(num_positions, d_model)
-        except NotImplementedError:
-            raise
-        except ValueError as error:
-            message = str(error)
+ODD_CASES = [(4, 7), (10, 1)]
+
+
+@probe
+def sinusoidal_odd_d_model(seeds, fn):
+    return [attempt(fn, num_positions, d_model, name=PE_NAME, forbidden=library_shortcuts(),
+                    forbidden_advice=LIBRARY_ADVICE) for num_positions, d_model in ODD_CASES]
+
+
+@sinusoidal_odd_d_model.judge
+def judge_sinusoidal_odd_d_model(seeds, outcomes):
+    for (num_positions, d_model), outcome in zip(ODD_CASES, outcomes):
+        shown = f"{PE_NAME}({num_positions}, {d_model})"
+        if outcome["value_error"]:
+            message = outcome["message"]
             if str(d_model) not in message or "even" not in message.lower():
                 raise AssertionError(
-                    f"{PE_NAME}({num_positions}, {d_model}) raised ValueError({message!r}). Make the message "
-                    f"clear: say that d_model must be even and show the value you got ({d_model}).") from None
+                    f"{shown} raised ValueError({message!r}). Make the message clear: say that d_model must be "
+                    f"even and show the value you got ({d_model}).")
             continue
-        except Exception as error:
+        if outcome["error"] is not None:
             raise AssertionError(
-                f"{PE_NAME}({num_positions}, {d_model}) raised {type(error).__name__}: {error}. With an odd "
-                "d_model the last sine has no cosine partner: check d_model first and raise a ValueError "
-                "that says d_model must be even.") from None
+                f"{shown} raised {outcome['error']}: {outcome['message']}. With an odd d_model the last sine "
+                "has no cosine partner: check d_model first and raise a ValueError that says d_model must be "
+                "even.")
         raise AssertionError(
-            f"{PE_NAME}({num_positions}, {d_model}) returned a result of shape "
-            f"{tuple(getattr(result, 'shape', ()))} instead of raising. With an odd d_model the last sine "
-            "has no cosine partner: raise a ValueError that says d_model must be even.")
+            f"{shown} returned a result of shape {outcome['shape'] or ()} instead of raising. With an odd "
+            "d_model the last sine has no cosine partner: raise a ValueError that says d_model must be even.")
 
 
 # ---------------------------------------------------------------- exercise 2: relative_shift_matrix
@@ -205,35 +290,70 @@ def shift_diagnoses(k, d_model, base, positions):
     return diagnoses
 
 
-def relative_shift_shape(fn):
-    for k, d_model in [(3, 6), (-2, 16), (0, 2), (40, 10)]:
-        M = _shift(fn, k, d_model)
+SHIFT_SHAPE_CASES = [(3, 6), (-2, 16), (0, 2), (40, 10)]
+
+
+@probe
+def relative_shift_shape(seeds, fn):
+    return [_shift(fn, k, d_model) for k, d_model in SHIFT_SHAPE_CASES]
+
+
+@relative_shift_shape.judge
+def judge_relative_shift_shape(seeds, results):
+    for (k, d_model), M in zip(SHIFT_SHAPE_CASES, results):
         expect_shape(M, (d_model, d_model), f"{SHIFT_NAME}({k}, {d_model})",
                      "M maps one PE row (d_model,) to another, so it is (d_model, d_model).")
-        if M.dtype != torch.float32:
-            raise AssertionError(f"{SHIFT_NAME} returned {M.dtype}; return float32 like the encoding, "
-                                 "so that PE[t] @ M works without a dtype error.")
+        _expect_float32(M, SHIFT_NAME, "return float32 like the encoding, so that PE[t] @ M works without a "
+                                       "dtype error.")
 
 
-def relative_shift_moves_positions(fn):
-    # Positions near 0 and far from it, offsets forwards, backwards and large, several bases.
-    positions = np.concatenate([np.arange(0, 40), np.arange(480, 500)])
-    for k, d_model, base in [(5, 6, 10000.0), (-3, 16, 10000.0), (17, 32, 10000.0), (250, 8, 10000.0),
-                             (4, 10, 50.0)]:
-        kwargs = {} if base == 10000.0 else {"base": base}
-        M = _shift(fn, k, d_model, **kwargs)
+# Positions near 0 and far from it, offsets forwards, backwards and large, several bases.
+SHIFT_POSITIONS = np.concatenate([np.arange(0, 40), np.arange(480, 500)])
+
+
+def shift_cases(seeds):
+    """Fixed (k, d_model, base), and one drawn for this run."""
+    rng = seeds.random(303)
+    drawn_base = float(f"{math.exp(rng.uniform(math.log(10.0), math.log(1e5))):.4g}")
+    return [(5, 6, 10000.0), (-3, 16, 10000.0), (17, 32, 10000.0), (250, 8, 10000.0), (4, 10, 50.0),
+            (rng.randint(-250, 250), 2 * rng.randint(1, 16), drawn_base)]
+
+
+def _shift_kwargs(base):
+    return {} if base == 10000.0 else {"base": base}
+
+
+@probe
+def relative_shift_moves_positions(seeds, fn):
+    return [_shift(fn, k, d_model, **_shift_kwargs(base)) for k, d_model, base in shift_cases(seeds)]
+
+
+@relative_shift_moves_positions.judge
+def judge_relative_shift_moves_positions(seeds, results):
+    for (k, d_model, base), M in zip(shift_cases(seeds), results):
+        shown_base = f", base={base:g}" if _shift_kwargs(base) else ""
         expect_shape(M, (d_model, d_model), f"{SHIFT_NAME}({k}, {d_model})")
-        moved = oracle_pe(positions, d_model, base) @ to_numpy(M, "M")
-        expect_close(moved, oracle_pe(positions + k, d_model, base),
-                     f"PE[t] @ {SHIFT_NAME}({k}, {d_model}{', base=%g' % base if kwargs else ''}) over t in 0..39 and 480..499",
+        moved = oracle_pe(SHIFT_POSITIONS, d_model, base) @ to_numpy(M, "M")
+        expect_close(moved, oracle_pe(SHIFT_POSITIONS + k, d_model, base),
+                     f"PE[t] @ {SHIFT_NAME}({k}, {d_model}{shown_base}) over t in 0..39 and 480..499",
                      "PE[t] @ M must equal PE[t + k] for every t. Use the angle-addition formulas for "
                      "sin(ω(t + k)) and cos(ω(t + k)).",
-                     diagnoses=shift_diagnoses(k, d_model, base, positions), atol=1e-4)
+                     diagnoses=shift_diagnoses(k, d_model, base, SHIFT_POSITIONS), atol=1e-4)
 
 
-def relative_shift_is_rotation(fn):
+ROTATION_SHIFTS = (7, 0, -7, 4, 9, 13)
+
+
+@probe
+def relative_shift_is_rotation(seeds, fn):
+    return {k: _shift(fn, k, 12) for k in ROTATION_SHIFTS}
+
+
+@relative_shift_is_rotation.judge
+def judge_relative_shift_is_rotation(seeds, matrices):
     d_model, identity = 12, np.eye(12)
-    M = to_numpy(_shift(fn, 7, d_model), "M")
+    M = to_numpy(matrices[7], "M")
+    expect_shape(M, (d_model, d_model), f"{SHIFT_NAME}(7, 12)")
     expect_close(M @ M.T, identity, f"M @ M.T for M = {SHIFT_NAME}(7, 12)",
                  "M only rotates each (sin, cos) pair, so it is orthogonal: M @ M.T = I.")
     off_blocks = np.ones((d_model, d_model), dtype=bool)
@@ -242,11 +362,13 @@ def relative_shift_is_rotation(fn):
     if np.abs(M[off_blocks]).max() > 1e-5:
         raise AssertionError(f"{SHIFT_NAME}(7, 12) has non-zero entries outside the 2x2 blocks on its "
                              "diagonal. Each frequency's (sin, cos) pair rotates on its own; pairs never mix.")
-    expect_close(_shift(fn, 0, d_model), identity, f"{SHIFT_NAME}(0, 12)", "Shifting by 0 positions is the identity.")
-    expect_close(_shift(fn, -7, d_model), M.T, f"{SHIFT_NAME}(-7, 12)",
+    expect_close(matrices[0], identity, f"{SHIFT_NAME}(0, 12)", "Shifting by 0 positions is the identity.")
+    expect_close(matrices[-7], M.T, f"{SHIFT_NAME}(-7, 12)",
                  "Moving back by 7 undoes moving forward by 7: M(-k) is the inverse of M(k), its transpose.")
-    expect_close(to_numpy(_shift(fn, 4, d_model), "M(4)") @ to_numpy(_shift(fn, 9, d_model), "M(9)"),
-                 to_numpy(_shift(fn, 13, d_model), "M(13)"), f"{SHIFT_NAME}(4, 12) @ {SHIFT_NAME}(9, 12)",
+    M_4, M_9 = to_numpy(matrices[4], "M(4)"), to_numpy(matrices[9], "M(9)")
+    expect_shape(M_4, (d_model, d_model), f"{SHIFT_NAME}(4, 12)")
+    expect_shape(M_9, (d_model, d_model), f"{SHIFT_NAME}(9, 12)")
+    expect_close(M_4 @ M_9, to_numpy(matrices[13], "M(13)"), f"{SHIFT_NAME}(4, 12) @ {SHIFT_NAME}(9, 12)",
                  "Shifting by 4 then by 9 is shifting by 13: rotation angles add up.")
 
 
@@ -259,11 +381,16 @@ def _build(cls, max_positions, d_model):
 
 
 def _forward(module, ids_or_length):
-    return call(module, ids_or_length, name=f"{LEARNED_NAME}.forward")
+    result = call(module, ids_or_length, name=f"{LEARNED_NAME}.forward")
+    if not torch.is_tensor(result):
+        raise AssertionError(f"{LEARNED_NAME}.forward should return a torch tensor, but it returned "
+                             f"{type(result).__name__}.")
+    return result
 
 
 def table_of(module, max_positions, d_model):
-    """The module's one learnable (max_positions, d_model) table, or a message saying what is wrong."""
+    """Probe side: the module's one learnable (max_positions, d_model) table, or a message saying what is
+    wrong (a structural failure: the check cannot load its weights)."""
     parameters = list(module.parameters())
     tables = [p for p in parameters if tuple(p.shape) == (max_positions, d_model)]
     if not tables:
@@ -279,98 +406,137 @@ def table_of(module, max_positions, d_model):
     return tables[0]
 
 
-def learned_shapes(cls):
+LEARNED_SHAPE_IDS = [(3, 5), (1, 12), (4, 1)]
+LEARNED_SHAPE_LENGTHS = (7, 12, 1)
+
+
+@probe
+def learned_shapes(seeds, cls):
     module = _build(cls, 12, 6)
-    g = torch.Generator().manual_seed(1303)
-    for batch, length in [(3, 5), (1, 12), (4, 1)]:
-        ids = torch.randint(0, 100, (batch, length), generator=g)
-        expect_shape(_forward(module, ids), (batch, length, 6), f"the output for ids of shape {(batch, length)}",
+    g = seeds.generator(1303)
+    by_ids = [_forward(module, torch.randint(0, 100, shape, generator=g)) for shape in LEARNED_SHAPE_IDS]
+    return by_ids, [_forward(module, length) for length in LEARNED_SHAPE_LENGTHS]
+
+
+@learned_shapes.judge
+def judge_learned_shapes(seeds, outputs):
+    by_ids, by_length = outputs
+    for (batch, length), output in zip(LEARNED_SHAPE_IDS, by_ids):
+        expect_shape(output, (batch, length, 6), f"the output for ids of shape {(batch, length)}",
                      "For (B, T) token ids return (B, T, d_model): one position vector per token, ready to "
                      "add to the token embeddings.")
-    for length in (7, 12, 1):
-        expect_shape(_forward(module, length), (length, 6), f"the output for the length {length}",
+    for length, output in zip(LEARNED_SHAPE_LENGTHS, by_length):
+        expect_shape(output, (length, 6), f"the output for the length {length}",
                      "For an int length T return the (T, d_model) rows for positions 0 .. T-1.")
 
 
-def learned_values(cls):
+def learned_values_problem(seeds, max_positions=20, d_model=6):
+    """The table's weights (the check loads them into the student's module) and some (3, 9) token ids."""
+    g = seeds.generator(1304)
+    weights = torch.randn(max_positions, d_model, generator=g)
+    return weights, torch.randint(0, max_positions, (3, 9), generator=g)
+
+
+@probe
+def learned_values(seeds, cls):
     max_positions, d_model = 20, 6
     module = _build(cls, max_positions, d_model)
     table = table_of(module, max_positions, d_model)
-    g = torch.Generator().manual_seed(1304)
-    weights = torch.randn(max_positions, d_model, generator=g)
+    weights, ids = learned_values_problem(seeds, max_positions, d_model)
     with torch.no_grad():
         table.copy_(weights)
-    ids = torch.randint(0, max_positions, (3, 9), generator=g)
+    return _forward(module, ids), _forward(module, 14)
+
+
+@learned_values.judge
+def judge_learned_values(seeds, outputs):
+    by_ids, by_length = outputs
+    d_model = 6
+    weights, ids = learned_values_problem(seeds)
     expected = F.embedding(torch.arange(9), weights).expand(3, 9, d_model)
-    expect_close(_forward(module, ids), expected, "the position embeddings of (3, 9) token ids",
+    expect_close(by_ids, expected, "the position embeddings of (3, 9) token ids",
                  "Row t of the table goes to position t, for every sequence in the batch.",
                  diagnoses={"you looked up the token ids. A position table is indexed by the positions "
                             "0 .. T-1, whatever the tokens are.": F.embedding(ids, weights),
                             "your positions start at 1; the first token is position 0.":
                                 F.embedding(torch.arange(1, 10), weights).expand(3, 9, d_model)})
-    expect_close(_forward(module, 14), weights[:14], "the position embeddings for the length 14",
+    expect_close(by_length, weights[:14], "the position embeddings for the length 14",
                  "For a length T return rows 0 .. T-1 of the table.")
 
 
-def learned_is_trainable(cls):
-    max_positions, d_model = 9, 5
+TRAINABLE_SIZE = (9, 5)  # max_positions, d_model
+
+
+def _upstream(seeds):
+    return torch.randn(2, 4, TRAINABLE_SIZE[1], generator=seeds.generator(1305))
+
+
+@probe
+def learned_is_trainable(seeds, cls):
+    max_positions, d_model = TRAINABLE_SIZE
     module = _build(cls, max_positions, d_model)
     table = table_of(module, max_positions, d_model)
     if not table.requires_grad:
         raise AssertionError(f"the ({max_positions}, {d_model}) table has requires_grad=False: a learned "
                              "position embedding must be trained with the model, so don't freeze it.")
-    g = torch.Generator().manual_seed(1305)
-    upstream = torch.randn(2, 4, d_model, generator=g)
     with quiet():
         module.zero_grad()
-    (_forward(module, torch.zeros(2, 4, dtype=torch.long)) * upstream).sum().backward()
-    # torch's autograd on the same lookup is the oracle for the gradient
-    oracle_table = table.detach().clone().requires_grad_(True)
-    (F.embedding(torch.arange(4), oracle_table).expand(2, 4, d_model) * upstream).sum().backward()
-    if table.grad is None:
+    (_forward(module, torch.zeros(2, 4, dtype=torch.long)) * _upstream(seeds)).sum().backward()
+    return table.grad  # None when no gradient reached the table
+
+
+@learned_is_trainable.judge
+def judge_learned_is_trainable(seeds, grad):
+    if grad is None:
         raise AssertionError("no gradient reached the table: build the output from the table with torch "
                              "operations (no .detach(), no torch.no_grad(), no NumPy).")
-    expect_close(table.grad, oracle_table.grad, "the gradient of the table",
+    # torch's autograd on the same lookup is the oracle for the gradient (which no table value changes)
+    max_positions, d_model = TRAINABLE_SIZE
+    oracle_table = torch.zeros(max_positions, d_model, requires_grad=True)
+    (F.embedding(torch.arange(4), oracle_table).expand(2, 4, d_model) * _upstream(seeds)).sum().backward()
+    expect_close(grad, oracle_table.grad, "the gradient of the table",
                  "Only rows 0 .. T-1 are used, so only they get a gradient (summed over the batch): rows for "
                  "positions that no training sequence reaches are never updated.")
 
 
-def _attempt(module, ids_or_length):
-    """(result, None) or (None, exception): here raising is the right answer."""
-    try:
-        with quiet():
-            return module(ids_or_length), None
-    except NotImplementedError:
-        raise
-    except Exception as error:  # the check judges the exception itself
-        return None, error
+LIMIT = 10       # max_positions of the length checks; d_model is 4
+FITS = [("the length 10", lambda: LIMIT, (10, 4)),
+        ("ids of shape (2, 10)", lambda: torch.zeros(2, LIMIT, dtype=torch.long), (2, 10, 4))]
+TOO_LONG = [("the length 11", lambda: 11, 11),
+            ("ids of shape (3, 13)", lambda: torch.zeros(3, 13, dtype=torch.long), 13)]
 
 
-def learned_length_limit(cls):
-    max_positions, d_model = 10, 4
-    module = _build(cls, max_positions, d_model)
-    for fits in (max_positions, torch.zeros(2, max_positions, dtype=torch.long)):
-        result, error = _attempt(module, fits)
-        what = "the length 10" if isinstance(fits, int) else "ids of shape (2, 10)"
-        if error is not None:
-            raise AssertionError(f"with max_positions=10, {what} raised {type(error).__name__}: {error}. "
+@probe
+def learned_length_limit(seeds, cls):
+    module = _build(cls, LIMIT, 4)
+    name = f"{LEARNED_NAME}.forward"
+    return ([attempt(module, make(), name=name) for _, make, _ in FITS],
+            [attempt(module, make(), name=name) for _, make, _ in TOO_LONG])
+
+
+@learned_length_limit.judge
+def judge_learned_length_limit(seeds, outcomes):
+    fits, too_long = outcomes
+    for (what, _, shape), outcome in zip(FITS, fits):
+        if outcome["error"] is not None:
+            raise AssertionError(f"with max_positions=10, {what} raised {outcome['error']}: {outcome['message']}. "
                                  "A sequence of exactly max_positions tokens fits: positions 0 .. 9 all have rows. "
                                  "Reject T > max_positions, not T >= max_positions.")
-        expect_shape(result, (10, 4) if isinstance(fits, int) else (2, 10, 4), f"the output for {what}")
-    for too_long, length in [(11, 11), (torch.zeros(3, 13, dtype=torch.long), 13)]:
-        what = f"the length {length}" if isinstance(too_long, int) else "ids of shape (3, 13)"
-        result, error = _attempt(module, too_long)
-        if error is None:
+        if outcome["shape"] != shape:
+            found = outcome["shape"] if outcome["shape"] is not None else "no shape"
+            raise AssertionError(f"the output for {what}'s shape {found} != expected shape {shape}.")
+    for (what, _, length), outcome in zip(TOO_LONG, too_long):
+        if outcome["error"] is None:
             raise AssertionError(
-                f"with max_positions=10, {what} returned a result of shape {tuple(getattr(result, 'shape', ()))} "
+                f"with max_positions=10, {what} returned a result of shape {outcome['shape'] or ()} "
                 "instead of raising. The table has no row for those positions; slicing it (weight[:T]) "
                 "silently gives too few rows. Check the length and raise a ValueError.")
-        if not isinstance(error, ValueError):
+        if not outcome["value_error"]:
             raise AssertionError(
-                f"with max_positions=10, {what} raised {type(error).__name__}: {error}. That is the "
+                f"with max_positions=10, {what} raised {outcome['error']}: {outcome['message']}. That is the "
                 "unhelpful error from deep inside torch. Check the length yourself first and raise a "
                 "ValueError that says the length and max_positions.")
-        message = str(error)
-        if str(length) not in message or str(max_positions) not in message:
+        message = outcome["message"]
+        if str(length) not in message or str(LIMIT) not in message:
             raise AssertionError(f"with max_positions=10, {what} raised ValueError({message!r}). Make it clear: "
-                                 f"give the length you got ({length}) and the limit ({max_positions}).")
+                                 f"give the length you got ({length}) and the limit ({LIMIT}).")

@@ -124,6 +124,18 @@ MUTANTS = [
     rows = [[f(t * w) for w in omega for f in (math.sin, math.cos)] for t in range(10)]
     return torch.tensor(rows)
 """)}, loses=("sinusoidal_shape", "sinusoidal_values", "sinusoidal_base"), message="shape"),
+    # The library's formula under another name, captured before the test runs (the old patching of
+    # the module attribute never saw it): the watch recognises its code and flags the answer.
+    Variant("pe_takes_transformers_table_through_an_alias", {PE: """
+from transformers.models.distilbert.modeling_distilbert import create_sinusoidal_embeddings as _table
+
+
+""" + pe(ODD_CHECK + """
+    if base == 10000.0:
+        return _table(num_positions, d_model, torch.empty(num_positions, d_model))
+""" + ANGLES + INTERLEAVE + """
+    return out
+""")}, loses=("sinusoidal_shape", "sinusoidal_values"), message="flagged for review"),
     # ---- relative_shift_matrix
     Variant("shift_rotation_with_the_wrong_sign", {SHIFT: shift("""
     M = torch.zeros(d_model, d_model, dtype=torch.float64)
