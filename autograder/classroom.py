@@ -1,16 +1,20 @@
-"""Grade a whole class with nbgrader: `python -m autograder grade [SUBMISSIONS] [--jobs N]`.
+"""Grade a whole class with nbgrader: `python -m autograder grade [SUBMISSIONS] [--jobs N | --scheduler ADDRESS]`.
 
 The class is an nbgrader course in autograder/work/class/ (sources: solutions/):
 1. intake: submissions come from a folder in nbgrader's `submitted/<student>/<assignment>/` layout
    or from an LMS zip, taken in by `nbgrader zip_collect`. Each notebook is checked before nbgrader
    sees it: an unreadable file or a notebook of another assignment becomes an error line, a
    misnamed notebook is renamed, damaged test cells are restored from the source (and flagged).
-2. grading: `nbgrader autograde`, per student. With `--jobs 1` one process runs it on the gradebook;
-   with more, each student is graded by a worker process in a gradebook of its own, which the main
-   process (the gradebook's only writer) merges. A ledger records each finished student, so an
-   interrupted run picks up where it stopped, and a crash only costs the notebook that crashed.
-3. outputs: `nbgrader generate_feedback` (HTML per student and notebook), `nbgrader export`
-   (grades.csv), exercises.csv, a plot of the score distribution per exercise, and a table.
+2. grading: one task per student × notebook (autograder/cluster.py), longest first: `nbgrader
+   autograde` in a throw-away course wherever the task runs, in this process (`--jobs 1`) or on
+   Dask workers (a LocalCluster for `--jobs N`, an existing cluster for `--scheduler`). A task takes
+   the hand-in's bytes and returns the grades as data; this process, the gradebook's only writer,
+   merges each result as it arrives and then appends its line to the ledger, so an interrupted run
+   picks up where it stopped. The hidden tests' inputs come from one key per course folder
+   (`gradebooks/run-key`), so a resume or a regrade in the same folder grades alike.
+3. outputs: feedback HTML per student and notebook (`nbgrader generate_feedback`, made by the
+   task), `nbgrader export` (grades.csv), exercises.csv, a plot of the score distribution per
+   exercise, and a table.
 """
 import argparse
 import contextlib
@@ -21,10 +25,8 @@ import logging
 import os
 import pathlib
 import shutil
-import signal
-import subprocess
+import secrets
 import sys
-import tempfile
 import time
 import warnings
 import zipfile
@@ -33,12 +35,16 @@ import nbformat
 from nbgrader.plugins import FileNameCollectorPlugin
 from traitlets import Unicode
 
-from autograder import grading
+from autograder import cluster, grading, sandbox
 from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
+from autograder.judging import RUN_KEY_ENV
 
 CLASS_DIR = WORK_DIR / "class"
 DEMO_CLASS_DIR = REPO_ROOT / "autograder" / "demo_class"
 LEDGER = "ledger.jsonl"
+# The key of the hidden tests' inputs for this course folder: beside the gradebook, in the folder that
+# grading kernels may not open (config.guard_environment) and that the sandbox does not contain.
+RUN_KEY_FILE = pathlib.Path("gradebooks") / "run-key"
 # Canvas-style LMS file names: <student>[_late]_<numbers>_<file name as uploaded>
 LMS_FILE_NAME = r"(?P<student_id>[A-Za-z0-9.\-]+?)(_LATE|_late)?_\d+(_\d+)?_(?P<file_id>.+\.ipynb)$"
 
@@ -54,9 +60,10 @@ class Item:
 
 
 # ------------------------------------------------------------------------------------- the course
-def class_config(root, cell_timeout=None, db_path=None):
+def class_config(root, cell_timeout=None, db_path=None, sandbox_mode="required"):
     root = pathlib.Path(root)
     config = nbgrader_config(root=root, release=root / "release", work=root)
+    config.GuardedExecute.sandbox = sandbox_mode  # "off" with --unsandboxed
     if db_path is not None:
         config.CourseDirectory.db_url = f"sqlite:///{db_path}"
     if cell_timeout is not None:
@@ -72,8 +79,7 @@ def nbgrader_api(config):
 
 
 def prepare_gradebook(root, assignments):
-    """`nbgrader generate_assignment` for each assignment the gradebook doesn't have yet, then a
-    copy of the gradebook with assignments only: the template of each worker's gradebook."""
+    """`nbgrader generate_assignment` for each assignment the class gradebook doesn't have yet."""
     from nbgrader.api import Gradebook
     config = class_config(root)
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
@@ -86,16 +92,25 @@ def prepare_gradebook(root, assignments):
                 result = api.generate_assignment(assignment)
                 if not result["success"]:
                     raise RuntimeError(f"generate_assignment {assignment} failed: {result.get('error')}")
-    template = pathlib.Path(root) / "gradebooks" / "template.db"
-    if missing or not template.exists():
-        template.parent.mkdir(parents=True, exist_ok=True)
-        with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
-            students = [s.id for s in gradebook.students]
-        shutil.copyfile(pathlib.Path(root) / "gradebook.db", template)
-        if students:  # the template holds assignments only
-            with Gradebook(f"sqlite:///{template}", config.CourseDirectory.course_id) as gradebook:
-                for student in students:
-                    gradebook.remove_student(student)
+
+
+def class_run_key(root, quiet=False):
+    """The course folder's key for the hidden tests' inputs (autograder/judging.py): made once (from
+    AUTOGRADER_RUN_KEY when set, else random) and kept, so that every notebook of the folder, on any
+    worker, in any run, resumed or regraded, is graded with the same inputs."""
+    path = pathlib.Path(root) / RUN_KEY_FILE
+    configured = os.environ.get(RUN_KEY_ENV)
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(configured or secrets.token_hex(32))
+    key = path.read_text()
+    if configured and configured != key and not quiet:
+        print(f"note: {RUN_KEY_ENV} is set but this course folder has its own key ({path}), which is used "
+              "so that all its notebooks are graded alike; --restart starts over with a new one", file=sys.stderr)
+    return key
 
 
 # ----------------------------------------------------------------------------------------- intake
@@ -215,60 +230,97 @@ def normalise(folder, item):
 
 
 # ---------------------------------------------------------------------------------------- grading
-def autograde_student(config, student, assignments):
-    """`nbgrader autograde` of one student's assignments; {assignment: {seconds, error}}."""
-    api = nbgrader_api(config)
-    root = pathlib.Path(config.CourseDirectory.root)
-    results = {}
-    log_path = root / "logs" / f"{student}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    for assignment in assignments:
-        start = time.perf_counter()
-        with grading.kernel_stderr_to(log_path) as log, grading.environment(grading.kernel_environment(config)):
-            result = api.autograde(assignment, student)
-        error = None if result["success"] else grading.autograde_error(result, log.read_text())
-        results[assignment] = {"seconds": round(time.perf_counter() - start, 2), "error": error}
-    return results
+def tasks_for(root, pending, run_key, timeout, sandbox_mode, identity, packages, ledger):
+    """One cluster.Task per pending notebook, longest first, each with its hand-in's bytes."""
+    estimates = expected_seconds(ledger)
+    tasks = []
+    for item in pending:
+        folder = pathlib.Path(root) / "submitted" / item.student / item.assignment
+        files = {p.relative_to(folder).as_posix(): p.read_bytes()
+                 for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+        tasks.append(cluster.Task(item.student, item.assignment, files, run_key, timeout, sandbox_mode,
+                                  identity["digest"], packages, estimates(item.assignment)))
+    tasks.sort(key=lambda t: (-t.expected_seconds, t.student, t.assignment))
+    return tasks
 
 
-def worker_main(argv):
-    """`python -m autograder.classroom worker ROOT STUDENT DB TIMEOUT ASSIGNMENT...`: grade one
-    student into the gradebook DB, print the results as JSON."""
-    root, student, db_path, timeout, *assignments = argv
-    config = class_config(root, cell_timeout=timeout, db_path=db_path)
-    results = autograde_student(config, student, assignments)
-    print(json.dumps(results))
+def expected_seconds(ledger):
+    """How long an assignment's notebook takes to grade: the median of this folder's earlier runs,
+    else a guess from the size of the source's code (a first run has nothing better)."""
+    seen = {}
+    for entry in ledger.entries.values():
+        if not entry["errors"] and entry.get("seconds"):
+            seen.setdefault(entry["assignment"], []).append(entry["seconds"])
+
+    def estimate(assignment):
+        if seen.get(assignment):
+            times = sorted(seen[assignment])
+            return times[len(times) // 2]
+        source = grading.source_notebook(assignment)
+        return sum(len(c.source) for c in source.cells if c.cell_type == "code") / 1000
+    return estimate
 
 
-def merge(worker_db, root, student):
-    """Copy one student's submissions from a worker's gradebook into the class gradebook."""
-    from nbgrader.api import Gradebook, MissingEntry
+def merge_result(root, result):
+    """Write one task's result into the class: autograded notebook, feedback, log, and its gradebook
+    rows in one transaction (a kill leaves the gradebook as it was; the ledger line comes after)."""
+    root = pathlib.Path(root)
+    student, assignment = result["student"], result["assignment"]
+    for folder, files in (("autograded", result["autograded"]), ("feedback", result["feedback"])):
+        target = root / folder / student / assignment
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for name, data in files.items():
+            (target / pathlib.Path(name).name).write_bytes(data)
+    log = root / "logs" / f"{student}-{assignment}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(result["log"])
+    merge_submission(root, student, assignment, result["submission"])
+
+
+def merge_submission(root, student, assignment, rows):
+    """Replace a student's submission of `assignment` in the class gradebook by `rows`
+    (cluster.submission_rows; None: no submission), committed once."""
+    from nbgrader import utils
+    from nbgrader.api import (Comment, Grade, Gradebook, MissingEntry, SubmittedAssignment,
+                              SubmittedNotebook)
     config = class_config(root)
-    course = config.CourseDirectory.course_id
-    with warnings.catch_warnings(), Gradebook(f"sqlite:///{worker_db}", course) as theirs, \
-            Gradebook(config.CourseDirectory.db_url, course) as ours:
-        warnings.simplefilter("ignore")  # SQLAlchemy's SAWarning from inside nbgrader's add_submission
-        ours.update_or_create_student(student)
-        for submission in theirs.find_student(student).submissions:
-            assignment = submission.assignment.name
+    with warnings.catch_warnings(), Gradebook(config.CourseDirectory.db_url,
+                                              config.CourseDirectory.course_id) as gradebook:
+        warnings.simplefilter("ignore")  # SQLAlchemy's SAWarnings from inside nbgrader's models
+        gradebook.update_or_create_student(student)
+        db = gradebook.db
+        try:
             with contextlib.suppress(MissingEntry):
-                ours.remove_submission(assignment, student)
-            mine = ours.add_submission(assignment, student, timestamp=submission.timestamp)
-            notebooks = {nb.name: nb for nb in mine.notebooks}
-            for notebook in submission.notebooks:
-                target = notebooks[notebook.name]
-                target.flagged = notebook.flagged
-                target.late_submission_penalty = notebook.late_submission_penalty
-                grades = {g.name: g for g in target.grades}
-                for grade in notebook.grades:
-                    copy = grades[grade.name]
-                    for field in ("auto_score", "manual_score", "extra_credit", "needs_manual_grade"):
-                        setattr(copy, field, getattr(grade, field))
-                comments = {c.name: c for c in target.comments}
-                for comment in notebook.comments:
-                    comments[comment.name].auto_comment = comment.auto_comment
-                    comments[comment.name].manual_comment = comment.manual_comment
-        ours.db.commit()
+                old = gradebook.find_submission(assignment, student)
+                for notebook in old.notebooks:
+                    for row in list(notebook.grades) + list(notebook.comments):
+                        db.delete(row)
+                    db.delete(notebook)
+                db.delete(old)
+                db.flush()
+            if rows is not None:
+                timestamp = utils.parse_utc(rows["timestamp"]) if rows["timestamp"] else None
+                submission = SubmittedAssignment(assignment=gradebook.find_assignment(assignment),
+                                                 student=gradebook.find_student(student), timestamp=timestamp)
+                theirs = {nb["name"]: nb for nb in rows["notebooks"]}
+                for notebook in submission.assignment.notebooks:
+                    data = theirs.get(notebook.name, {"flagged": False, "late_submission_penalty": None,
+                                                      "grades": {}, "comments": {}})
+                    mine = SubmittedNotebook(notebook=notebook, assignment=submission, flagged=data["flagged"],
+                                             late_submission_penalty=data["late_submission_penalty"])
+                    for cell in notebook.grade_cells:
+                        Grade(cell_id=cell.id, notebook=mine, **data["grades"].get(cell.name, {}))
+                    for cell in notebook.solution_cells:
+                        Comment(cell_id=cell.id, notebook=mine, **data["comments"].get(cell.name, {}))
+                    for cell in notebook.task_cells:
+                        Comment(cell_id=cell.id, notebook=mine, **data["comments"].get(cell.name, {}))
+                        Grade(cell_id=cell.id, notebook=mine, **data["grades"].get(cell.name, {}))
+                db.add(submission)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
 
 
 class Ledger:
@@ -312,65 +364,51 @@ def scores_of(root, student, assignment):
     return float(score), max_score, findings
 
 
-def record(ledger, root, item, result):
+def record(ledger, root, item, outcome):
+    """Merge a task's outcome into the class, then append its ledger line."""
+    result = outcome.result or {}
+    if outcome.result is not None:
+        merge_result(root, outcome.result)
+    else:  # no result (its workers kept dying, the grader failed): no grades, a 0 and the reason
+        merge_submission(root, item.student, item.assignment, None)
+        for folder in ("autograded", "feedback"):
+            shutil.rmtree(pathlib.Path(root) / folder / item.student / item.assignment, ignore_errors=True)
     score, max_score, findings = scores_of(root, item.student, item.assignment)
     errors = list(item.errors)
-    if result.get("error") and not any("scored 0" in e for e in errors):
-        errors.append(result["error"] + ": scored 0")
+    error = result.get("error") or outcome.error
+    if error and not any("scored 0" in e for e in errors):
+        errors.append(error + ": scored 0")
     ledger.add({"student": item.student, "assignment": item.assignment, "digest": item.digest,
                 "score": score, "max_score": max_score, "seconds": result.get("seconds", 0.0),
-                "errors": errors, "flags": item.flags + findings})
+                "errors": errors, "flags": item.flags + findings, "worker": result.get("worker")})
 
 
-def grade_serially(root, pending, ledger, timeout, progress):
-    config = class_config(root, cell_timeout=timeout)
-    for student, items in pending.items():
-        results = autograde_student(config, student, [i.assignment for i in items])
-        for item in items:
-            record(ledger, root, item, results[item.assignment])
-        progress(student)
+def engine_for(jobs, scheduler, quiet):
+    """Where the tasks run: this process (jobs 1, no scheduler) or Dask (a LocalCluster or `scheduler`)."""
+    if scheduler:
+        return cluster.Dask(scheduler=scheduler, quiet=quiet)
+    if jobs > 1:
+        return cluster.Dask(jobs=jobs, quiet=quiet)
+    return cluster.Serial(quiet=quiet)
 
 
-def grade_in_parallel(root, pending, ledger, timeout, jobs, progress):
-    """Workers grade students into their own gradebooks; this process merges them one at a time."""
-    running = {}  # student -> (process, db path, stdout file)
-    queue = sorted(pending, key=lambda s: -len(pending[s]))  # longest first keeps the cores busy
-    template = pathlib.Path(root) / "gradebooks" / "template.db"
+def grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode, quiet):
+    """Check the workers, then grade every pending Item with `engine`, merging each result as it
+    arrives and appending its ledger line."""
+    packages = cluster.pinned_packages()
+    identity = engine.check_workers(packages, sandbox_mode)
+    tasks = tasks_for(root, pending, run_key, timeout, sandbox_mode, identity, packages, ledger)
+    items = {(i.student, i.assignment): i for i in pending}
+    if not quiet:
+        print(f"grading {len(pending)} notebooks {engine.description}"
+              + (f"; Dask dashboard: {engine.dashboard}" if engine.dashboard else ""), file=sys.stderr)
+    progress = _progress_bar(len(tasks), quiet)
     try:
-        while queue or running:
-            while queue and len(running) < jobs:
-                student = queue.pop(0)
-                db_path = pathlib.Path(root) / "gradebooks" / f"{student}.db"
-                shutil.copyfile(template, db_path)
-                out = tempfile.TemporaryFile(mode="w+")
-                command = [sys.executable, "-m", "autograder.classroom", "worker", str(root), student,
-                           str(db_path), str(timeout), *[i.assignment for i in pending[student]]]
-                process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL,
-                                           start_new_session=True)
-                running[student] = (process, db_path, out)
-            finished = [s for s, (p, _, _) in running.items() if p.poll() is not None]
-            if not finished:
-                time.sleep(0.2)
-                continue
-            for student in finished:
-                process, db_path, out = running.pop(student)
-                out.seek(0)
-                try:
-                    results = json.loads(out.read().strip().splitlines()[-1])
-                    merge(db_path, root, student)
-                except Exception as error:  # the worker itself died: its notebooks score 0
-                    reason = (f"grading worker for {student} stopped (exit code {process.returncode}, "
-                              f"{type(error).__name__})")
-                    results = {i.assignment: {"seconds": 0.0, "error": reason} for i in pending[student]}
-                out.close()
-                for item in pending[student]:
-                    record(ledger, root, item, results[item.assignment])
-                db_path.unlink(missing_ok=True)
-                progress(student)
+        for outcome in engine.run(tasks):
+            record(ledger, root, items[(outcome.task.student, outcome.task.assignment)], outcome)
+            progress(outcome.task.name)
     finally:
-        for process, _, _ in running.values():  # interrupted: stop the workers and their kernels
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+        progress.close()
 
 
 # ---------------------------------------------------------------------------------------- outputs
@@ -494,67 +532,82 @@ def course_lock(root):
 
 
 def grade_class(submissions=DEMO_CLASS_DIR, root=CLASS_DIR, jobs=1, cell_timeout=None,
-                restart=False, quiet=False):
-    """Grade every hand-in under `submissions` (folder or LMS zip); return a summary dict."""
+                restart=False, quiet=False, sandbox_mode="required", scheduler=None):
+    """Grade every hand-in under `submissions` (folder or LMS zip); return a summary dict.
+
+    `jobs` > 1: a Dask LocalCluster of that many worker processes; `scheduler`: an existing Dask
+    cluster (its address). Every kernel runs in the OS sandbox: where the machine cannot,
+    SandboxUnavailableError says why, before anything is graded, unless `sandbox_mode` is "off"
+    (--unsandboxed). Raises cluster.CourseMismatch (a worker with another course) and
+    cluster.SchedulerLost; what was merged before stays, and the same call goes on from there."""
+    if sandbox_mode == "required" and not scheduler and not sandbox.available()[0]:
+        raise sandbox.SandboxUnavailableError(
+            f"class grading runs every notebook in the OS sandbox, and this machine cannot: "
+            f"{sandbox.available()[1]}. To grade without it (the notebooks then run with your access to "
+            f"files and network), pass --unsandboxed.")
     root = pathlib.Path(root)
     if restart:
         shutil.rmtree(root, ignore_errors=True)
     with course_lock(root):
-        return _grade_class(pathlib.Path(submissions), root, jobs, cell_timeout, quiet)
+        return _grade_class(pathlib.Path(submissions), root, jobs, cell_timeout, quiet, sandbox_mode, scheduler)
 
 
-def _grade_class(submissions, root, jobs, cell_timeout, quiet):
+def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="required", scheduler=None):
     started = time.perf_counter()
     assignments = assignment_ids()
     prepare_gradebook(root, assignments)
+    run_key = class_run_key(root, quiet)
     ledger = Ledger(root / LEDGER)
     if submissions.suffix == ".zip":
         submissions = collect_zip(submissions, root)
     items, strays = intake(submissions, root, assignments, ledger.done())
     students = sorted({i.student for i in items})
-    pending = {}
-    for item in items:
-        if ledger.done().get((item.student, item.assignment)) != item.digest:
-            pending.setdefault(item.student, []).append(item)
-    skipped = len(students) - len(pending)
+    pending = [i for i in items if ledger.done().get((i.student, i.assignment)) != i.digest]
+    skipped = len(items) - len(pending)
 
-    progress = _progress_bar(len(pending), quiet)
-    grade_start = time.perf_counter()
     timeout = cell_timeout or CELL_TIMEOUT_SECONDS
-    if jobs <= 1:
-        grade_serially(root, pending, ledger, timeout, progress)
+    engine = engine_for(jobs, scheduler, quiet)
+    grade_start = time.perf_counter()
+    if pending:
+        with engine:
+            engine_seconds = time.perf_counter() - grade_start
+            grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode, quiet)
     else:
-        grade_in_parallel(root, pending, ledger, timeout, jobs, progress)
+        engine_seconds = 0.0
     grading_seconds = time.perf_counter() - grade_start
-    progress.close()
 
     graded = sorted({i.assignment for i in items})
     write_outputs(root, students, graded)
     report = table(ledger, students, graded) + "".join(f"\n  {line}" for line in strays)
     (root / "report.txt").write_text(report + "\n")
-    notebooks = sum(len(v) for v in pending.values())
+    notebooks = len(pending)
+    workers = getattr(engine, "workers", 1)
     summary = {"students": len(students), "already_graded": skipped, "notebooks_graded": notebooks,
                "grading_seconds": round(grading_seconds, 1),
+               "engine_start_seconds": round(engine_seconds, 1),
                "seconds_per_notebook": round(grading_seconds / notebooks, 2) if notebooks else None,
+               "notebooks_per_minute": round(60 * notebooks / grading_seconds, 2) if notebooks else None,
                "total_seconds": round(time.perf_counter() - started, 1), "jobs": jobs,
+               "scheduler": scheduler, "workers": workers, "engine": type(engine).__name__,
                "report": report, "root": str(root)}
     if not quiet:
         print(report)
-        print(f"\n{len(students)} students ({skipped} already graded, skipped); {notebooks} notebooks "
-              f"graded in {grading_seconds:.1f} s with {jobs} job(s)"
-              + (f", {summary['seconds_per_notebook']} s per notebook" if notebooks else ""))
+        print(f"\n{len(students)} students; {notebooks} notebooks graded ({skipped} already graded, "
+              f"skipped) in {grading_seconds:.1f} s {engine.description or ''}"
+              + (f", {summary['notebooks_per_minute']} notebooks per minute" if notebooks else ""))
         for name in ("grades.csv", "exercises.csv", "score_distribution.png", "feedback", "report.txt"):
             print(f"  {root / name}")
     return summary
 
 
 def _progress_bar(total, quiet):
+    """Notebooks graded, with tqdm's rate and time left."""
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="student", desc="grading", disable=quiet or total == 0,
-               file=sys.stderr)
+    bar = tqdm(total=total, unit="notebook", desc="grading", disable=quiet or total == 0,
+               file=sys.stderr, smoothing=0.1)
 
-    def step(student):
-        bar.set_postfix_str(student)
+    def step(name):
+        bar.set_postfix_str(name)
         bar.update()
 
     step.close = bar.close
@@ -566,18 +619,33 @@ def main(argv=None):
     parser.add_argument("submissions", nargs="?", default=str(DEMO_CLASS_DIR),
                         help="a folder of submitted/<student>/<assignment>/ or an LMS zip "
                              "(default: the demo class)")
-    parser.add_argument("--jobs", type=int, default=1, help="students graded at once")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="notebooks graded at once on this machine: N > 1 starts a Dask LocalCluster "
+                             "of N worker processes (default 1: serially, in this process)")
+    parser.add_argument("--scheduler", default=os.environ.get(cluster.SCHEDULER_ENV) or None,
+                        metavar="ADDRESS",
+                        help="grade on an existing Dask cluster, e.g. tcp://host:8786 "
+                             f"(default: ${cluster.SCHEDULER_ENV} when set)")
     parser.add_argument("--timeout", type=int, help="seconds allowed per cell")
     parser.add_argument("--course-dir", default=str(CLASS_DIR), help="the nbgrader course folder")
     parser.add_argument("--restart", action="store_true", help="forget earlier grading and start over")
+    parser.add_argument("--unsandboxed", action="store_true",
+                        help="grade where the machine cannot run the OS sandbox (README: what then still holds)")
     args = parser.parse_args(argv)
     if not pathlib.Path(args.submissions).exists():
         parser.error(f"no such folder or zip: {args.submissions}")
     try:
-        grade_class(args.submissions, args.course_dir, args.jobs, args.timeout, args.restart)
-    except CourseBusy as error:
+        grade_class(args.submissions, args.course_dir, args.jobs, args.timeout, args.restart,
+                    sandbox_mode="off" if args.unsandboxed else "required", scheduler=args.scheduler)
+    except (CourseBusy, sandbox.SandboxUnavailableError, cluster.CourseMismatch) as error:
         print(error, file=sys.stderr)
         return 2
+    except cluster.SchedulerLost as error:
+        ledger = Ledger(pathlib.Path(args.course_dir) / LEDGER)
+        print(f"\nstopped: {error}. The gradebook holds every notebook in the ledger ({len(ledger.entries)} "
+              f"lines, {ledger.path}), each merged whole; run the same command again, with a scheduler or "
+              "without, to grade the rest.", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("\ninterrupted: finished notebooks are kept; run the same command again to go on",
               file=sys.stderr)
@@ -586,7 +654,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:
-        worker_main(sys.argv[2:])
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -32,14 +32,15 @@ def class_of(students, tmp_path):
 
 @pytest.fixture(scope="module")
 def graded_demo(tmp_path_factory):
-    """The demo class, graded once per test run and shared by the pytest-xdist workers."""
+    """The demo class, graded serially once per test run and shared by the pytest-xdist workers (and
+    by test_cluster.py, which compares the scheduler's gradebook with this one)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's folder
     root, saved = shared / "demo-class", shared / "demo-class-summary.json"
     with open(shared / "demo-class.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not saved.exists():
-            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=2, cell_timeout=TIMEOUT, quiet=True)
+            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=1, cell_timeout=TIMEOUT, quiet=True)
             saved.write_text(json.dumps(summary))
     return root, json.loads(saved.read_text()), classroom.Ledger(root / classroom.LEDGER)
 
@@ -117,6 +118,7 @@ def grade_and_time(hand_ins, root, jobs):
 
 
 def test_parallel_grading_gives_exactly_the_serial_scores(tmp_path):
+    """JOBS=2: a Dask LocalCluster of two worker processes, against grading in this process."""
     hand_ins = class_of(SMALL_CLASS, tmp_path)
     serial, serial_summary = grade_and_time(hand_ins, tmp_path / "serial", jobs=1)
     parallel, parallel_summary = grade_and_time(hand_ins, tmp_path / "parallel", jobs=2)
@@ -196,7 +198,7 @@ def test_two_grading_runs_cannot_share_a_course_folder(tmp_path):
 def test_grade_command_line_help():
     result = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "--jobs" in result.stdout, result.stderr
+    assert result.returncode == 0 and "--jobs" in result.stdout and "--scheduler" in result.stdout, result.stderr
 
 
 def test_intake_reports_folders_that_are_not_assignments(tmp_path):
