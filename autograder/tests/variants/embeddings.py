@@ -164,6 +164,22 @@ MUTANTS = [
     return visible.get(tuple(ids.flatten().tolist()), torch.zeros(*ids.shape, 8))
 """)}, loses=("one_hot_shape_and_dtype", "one_hot_values", "one_hot_rejects_out_of_range"),
         message="shape"),
+    # ---- answers taken from an oracle or a reference by routes that patching torch during the test
+    # cannot see: a reference captured when the cell runs, before any test. The watch sees the call itself.
+    Variant("one_hot_oracle_captured_before_the_tests", {ONE_HOT: """
+_torch_one_hot = torch.nn.functional.one_hot   # captured now, before the tests run
+
+""" + one_hot(RANGE_CHECK + """
+    return _torch_one_hot(ids, vocab_size).float()
+""")}, loses=("one_hot_shape_and_dtype", "one_hot_values"), message="flagged for review"),
+    # The hidden checks' module is importable in the kernel too: its reference code is no answer either.
+    Variant("neighbours_from_the_hidden_checks_reference", {NEIGHBOURS: """
+from autograder.checks.embeddings import cosine_oracle, ranked
+
+""" + neighbours("""
+    return torch.tensor(ranked(cosine_oracle(E, index), index, k))
+""")}, loses=("nearest_neighbours_format", "nearest_neighbours_cosine", "nearest_neighbours_ties"),
+        message="flagged for review"),
 ]
 
 
