@@ -152,11 +152,11 @@ def kernel_command(command, socket_folder, cwd, env):
         options.tmpfs(HOME, HOME_BYTES)
         options.font_cache()
         options.python_and_course()
-        socket_folder = os.path.realpath(socket_folder)
-        options.add("--bind", socket_folder, socket_folder)
         if cwd:
             cwd = os.path.realpath(cwd)
             options.folder_copy(cwd)
+        socket_folder = os.path.realpath(socket_folder)
+        options.add("--bind", socket_folder, socket_folder)  # after the copy, which could cover it
         options.add("--chdir", cwd or HOME)
         for name, value in kernel_environment(env).items():
             options.add("--setenv", name, value)
@@ -253,19 +253,19 @@ class _Options:
 
     def folder_copy(self, folder):
         """A tmpfs at `folder` holding a copy of its files (symlinks as symlinks, never followed)."""
-        entries, total = [], 0
-        for root, dirs, files in os.walk(folder):
+        entries, total, files = [], 0, 0
+        for root, dirs, names in os.walk(folder):
             dirs.sort()
-            for name in sorted(dirs) + sorted(files):
+            for name in sorted(dirs) + sorted(names):
                 path = os.path.join(root, name)
                 status = os.lstat(path)
                 entries.append((path, status))
                 total += status.st_size
-        files = sum(1 for _, status in entries if not _is_dir(status))
-        if files > MAX_FOLDER_FILES or total > MAX_FOLDER_BYTES:
-            raise SandboxError(f"the notebook's folder {folder} holds {files} files, {total // MiB} MiB: "
-                               f"the grading sandbox copies at most {MAX_FOLDER_FILES} files, "
-                               f"{MAX_FOLDER_BYTES // MiB} MiB")
+                files += not _is_dir(status)
+                if files > MAX_FOLDER_FILES or total > MAX_FOLDER_BYTES:
+                    raise SandboxError(f"the notebook's folder {folder} holds more than {MAX_FOLDER_FILES} "
+                                       f"files or {MAX_FOLDER_BYTES // MiB} MiB, which is all the grading "
+                                       "sandbox copies")
         self.add("--size", total + FOLDER_EXTRA_BYTES, "--perms", "0755", "--tmpfs", folder)
         for path, status in entries:
             if os.path.islink(path):
