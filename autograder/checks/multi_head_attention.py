@@ -1,15 +1,20 @@
-"""Hidden checks for 05_multi_head_attention. Each function is one grade cell's hidden part.
+"""Hidden checks for 05_multi_head_attention. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape first, then values on seeded random inputs against
-independent oracles, then behaviour. The oracles:
+Each has a probe (in the student's kernel: build the seeded inputs, load the check's own seeded
+weights into the student's module by the sub-module names the exercise asks for, call the student's
+code through `call`, return what it produced as data) and a judge (in the grader: rebuild the same
+inputs and weights from the same seeds, compute the oracle, compare, name the misconception).
+Layered as the course's tests are: shape first, then values, then behaviour. The oracles:
 - split/merge: `torch.chunk` + `torch.stack` and `torch.unbind` + `torch.cat` (no view/transpose);
 - the module: `torch.nn.MultiheadAttention` (batch_first, need_weights, average_attn_weights=False)
-  given the student's weights, in float64 so that rounding never fails a correct answer;
+  holding the same weights, in float64 so that rounding never fails a correct answer;
 - the parameter count: `torch.nn.MultiheadAttention(...).parameters()` built on the meta device.
 Each exercise is graded on its own: `MultiHeadAttention` runs with the course's reference
 `split_heads`, `merge_heads` and `scaled_dot_product_attention` swapped in, `copy_from_torch` loads
-into the course's reference module, and `mha_num_parameters` sees the reference module.
-Seeds here are never used by the visible tests.
+into the course's reference module, and `mha_num_parameters` sees the reference module. The course's
+reference of the exercise itself (courselib.attention) is forbidden while the student's code runs.
+Where raising is the right answer (heads that don't divide d_model), the probe reports what was
+raised, as data, and the judge decides.
 """
 import functools
 import itertools
@@ -20,14 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, quiet, reference_globals
+from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, quiet
+from autograder.checks.positional_encoding import attempt
 from courselib import attention as reference
 
 DTYPE = torch.float64
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 REFERENCE_HELPERS = {"split_heads": reference.split_heads, "merge_heads": reference.merge_heads,
                      "scaled_dot_product_attention": reference.scaled_dot_product_attention}
-TORCH_MHA = ["torch.nn.MultiheadAttention.forward", "torch.nn.functional.multi_head_attention_forward"]
+OWN_WORK = "the exercise asks you to write it yourself; the course's version is the reference here, not the answer."
+SPLIT_SHORTCUTS = ["courselib.attention.split_heads"]
+MERGE_SHORTCUTS = ["courselib.attention.merge_heads"]
+MHA_SHORTCUTS = ["courselib.attention.MultiHeadAttention"]
+TORCH_MHA = ["torch.nn.MultiheadAttention.forward", "torch.nn.functional.multi_head_attention_forward"] + MHA_SHORTCUTS
 TORCH_MHA_ADVICE = ("torch.nn.MultiheadAttention is the oracle the tests compare with; "
                     "build the heads from q_proj, k_proj, v_proj and out_proj yourself.")
 NOT_CONTIGUOUS_ADVICE = ("After a transpose the tensor is no longer contiguous in memory, so .view() "
@@ -35,43 +45,26 @@ NOT_CONTIGUOUS_ADVICE = ("After a transpose the tensor is no longer contiguous i
 
 
 # ---------------------------------------------------------------- shared helpers
-def _not_the_reference(answer, course_version, name):
-    same = answer is course_version or (isinstance(answer, type) and isinstance(course_version, type)
-                                        and issubclass(answer, course_version))
-    if same:
-        raise AssertionError(f"{name} is the course's reference from courselib.attention: this exercise "
-                             "asks you to write it yourself.")
-
-
 def _tensor(result, name):
     if not torch.is_tensor(result):
         raise AssertionError(f"{name} should return a torch tensor, but it returned {type(result).__name__}.")
     return result
 
 
-def expect_value_error(fn, args, name, advice, must_mention=(), helpers=None):
-    """`fn(*args)` must raise ValueError (not a RuntimeError from view, not nothing)."""
-    shown = f"{name}({', '.join(_describe(a) for a in args)})"
-    try:
-        with quiet(), reference_globals(fn, **(helpers or {})):
-            fn(*args)
-    except NotImplementedError:
-        raise
-    except ValueError as error:
-        message = str(error)
+def expect_value_error(outcome, shown, advice, must_mention=()):
+    """Judge side: `outcome` (from `attempt`) must be a ValueError (not a RuntimeError from view, not
+    nothing) whose message gives the numbers in `must_mention`."""
+    if outcome["value_error"]:
+        message = outcome["message"]
         missing = [str(n) for n in must_mention if str(n) not in message]
         if not message.strip() or missing:
             raise AssertionError(f"{shown} raised ValueError({message!r}): make the message say what is wrong "
                                  "and give both numbers, e.g. f'd_model={d_model} is not divisible by "
-                                 "num_heads={num_heads}'.") from None
+                                 "num_heads={num_heads}'.")
         return
-    except Exception as error:
-        raise AssertionError(f"{shown} raised {type(error).__name__} ({error}), not ValueError. {advice}") from None
+    if outcome["error"] is not None:
+        raise AssertionError(f"{shown} raised {outcome['error']} ({outcome['message']}), not ValueError. {advice}")
     raise AssertionError(f"{shown} did not raise ValueError. {advice}")
-
-
-def _describe(value):
-    return f"tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)
 
 
 def oracle_split(x, num_heads):
@@ -86,16 +79,27 @@ def oracle_merge(heads):
 
 # ---------------------------------------------------------------- exercise 1: split_heads
 def _split(fn, x, num_heads):
-    return _tensor(call(fn, x, num_heads, name="split_heads"), "split_heads")
+    return _tensor(call(fn, x, num_heads, name="split_heads", forbidden=SPLIT_SHORTCUTS,
+                        forbidden_advice=OWN_WORK), "split_heads")
 
 
-def split_heads_shape(fn):
-    _not_the_reference(fn, reference.split_heads, "split_heads")
-    g = generator(5101)
-    for B, T, d, h in [(3, 5, 12, 4), (2, 7, 6, 1), (1, 4, 6, 6), (2, 3, 20, 5)]:
-        x = torch.randn(B, T, d, generator=g)
-        result = _split(fn, x, h)
-        if tuple(result.shape) == (B, T, h, d // h) and T != h:
+SPLIT_SHAPE_CASES = [(3, 5, 12, 4), (2, 7, 6, 1), (1, 4, 6, 6), (2, 3, 20, 5)]  # B, T, d_model, h
+
+
+def _random_inputs(g, cases):
+    return [torch.randn(B, T, d, generator=g) for B, T, d, _ in cases]
+
+
+@probe
+def split_heads_shape(seeds, fn):
+    xs = _random_inputs(seeds.generator(5101), SPLIT_SHAPE_CASES)
+    return [_split(fn, x, h) for x, (_, _, _, h) in zip(xs, SPLIT_SHAPE_CASES)]
+
+
+@split_heads_shape.judge
+def judge_split_heads_shape(seeds, results):
+    for (B, T, d, h), result in zip(SPLIT_SHAPE_CASES, results):
+        if tuple(expect_tensor(result, "split_heads").shape) == (B, T, h, d // h) and T != h:
             raise AssertionError(f"split_heads(x of shape {(B, T, d)}, {h}) has shape (B, T, h, d_head) = "
                                  f"{tuple(result.shape)}: after the view, swap the token and head dimensions "
                                  "with .transpose(1, 2) so that each head holds all T tokens.")
@@ -104,12 +108,21 @@ def split_heads_shape(fn):
                      "no sizes from the visible example.")
 
 
-def split_heads_values(fn):
-    g = generator(5102)
-    for B, T, d, h in [(3, 5, 12, 4), (2, 6, 12, 3), (2, 4, 10, 5)]:
-        x = torch.randn(B, T, d, generator=g)
+SPLIT_VALUE_CASES = [(3, 5, 12, 4), (2, 6, 12, 3), (2, 4, 10, 5)]
+
+
+@probe
+def split_heads_values(seeds, fn):
+    xs = _random_inputs(seeds.generator(5102), SPLIT_VALUE_CASES)
+    return [_split(fn, x, h) for x, (_, _, _, h) in zip(xs, SPLIT_VALUE_CASES)]
+
+
+@split_heads_values.judge
+def judge_split_heads_values(seeds, results):
+    xs = _random_inputs(seeds.generator(5102), SPLIT_VALUE_CASES)
+    for x, (B, T, d, h), result in zip(xs, SPLIT_VALUE_CASES, results):
         d_head = d // h
-        expect_close(_split(fn, x, h), oracle_split(x, h), f"split_heads(x of shape {(B, T, d)}, {h})",
+        expect_close(result, oracle_split(x, h), f"split_heads(x of shape {(B, T, d)}, {h})",
                      "Head i must hold features i·d_head … (i+1)·d_head − 1 of every token: "
                      "x.view(B, T, h, d_head).transpose(1, 2).",
                      diagnoses={
@@ -122,18 +135,28 @@ def split_heads_values(fn):
                      })
 
 
-def split_heads_checks_divisibility(fn):
+INDIVISIBLE = [(10, 4), (12, 5), (9, 2)]  # d_model, num_heads
+
+
+@probe
+def split_heads_checks_divisibility(seeds, fn):
+    g = seeds.generator(5103)
+    return [attempt(fn, torch.randn(2, 3, d, generator=g), h, name="split_heads", forbidden=SPLIT_SHORTCUTS,
+                    forbidden_advice=OWN_WORK) for d, h in INDIVISIBLE]
+
+
+@split_heads_checks_divisibility.judge
+def judge_split_heads_checks_divisibility(seeds, outcomes):
     advice = ("Check d_model % num_heads yourself and raise ValueError with a message that gives both numbers: "
               "heads must split d_model into equal parts.")
-    g = generator(5103)
-    for d, h in [(10, 4), (12, 5), (9, 2)]:
-        expect_value_error(fn, (torch.randn(2, 3, d, generator=g), h), "split_heads", advice, must_mention=(d, h))
+    for (d, h), outcome in zip(INDIVISIBLE, outcomes):
+        expect_value_error(outcome, f"split_heads(tensor of shape {(2, 3, d)}, {h})", advice, must_mention=(d, h))
 
 
 # ---------------------------------------------------------------- exercise 2: merge_heads
 def _merge(fn, heads):
     try:
-        result = call(fn, heads, name="merge_heads")
+        result = call(fn, heads, name="merge_heads", forbidden=MERGE_SHORTCUTS, forbidden_advice=OWN_WORK)
     except AssertionError as error:
         if "view size is not compatible" in str(error):
             raise AssertionError(f"{error}\n{NOT_CONTIGUOUS_ADVICE}") from None
@@ -141,25 +164,52 @@ def _merge(fn, heads):
     return _tensor(result, "merge_heads")
 
 
-def merge_heads_shape(fn):
-    _not_the_reference(fn, reference.merge_heads, "merge_heads")
-    g = generator(5201)
-    for B, h, T, d_head in [(3, 4, 5, 3), (2, 1, 7, 6), (1, 6, 2, 2), (2, 3, 4, 5)]:
+MERGE_SHAPE_CASES = [(3, 4, 5, 3), (2, 1, 7, 6), (1, 6, 2, 2), (2, 3, 4, 5)]  # B, h, T, d_head
+
+
+@probe
+def merge_heads_shape(seeds, fn):
+    g = seeds.generator(5201)
+    results = []
+    for B, h, T, d_head in MERGE_SHAPE_CASES:
         # Contiguous in (B, h, T, d_head) order, as attention's output is: after a transpose, .view fails.
         heads = torch.randn(B, h, T, d_head, generator=g)
-        expect_shape(_merge(fn, heads), (B, T, h * d_head), f"merge_heads of a {(B, h, T, d_head)} tensor",
-                     "Read B, h, T and d_head from x.shape; the result is (B, T, h·d_head).")
         split_output = reference.split_heads(torch.randn(B, T, h * d_head, generator=g), h)
-        expect_shape(_merge(fn, split_output), (B, T, h * d_head), "merge_heads of split_heads' output")
+        results.append((_merge(fn, heads), _merge(fn, split_output)))
+    return results
 
 
-def merge_heads_inverts_split(fn):
-    g = generator(5202)
-    for B, T, d, h in [(3, 5, 12, 4), (2, 6, 12, 3), (2, 4, 10, 5), (1, 3, 8, 1)]:
-        x = torch.randn(B, T, d, generator=g)
-        heads = reference.split_heads(x, h)
-        d_head = d // h
-        expect_close(_merge(fn, heads), x, f"merge_heads(split_heads(x, {h})) for x of shape {(B, T, d)}",
+@merge_heads_shape.judge
+def judge_merge_heads_shape(seeds, results):
+    for (B, h, T, d_head), (merged, merged_split) in zip(MERGE_SHAPE_CASES, results):
+        expect_shape(merged, (B, T, h * d_head), f"merge_heads of a {(B, h, T, d_head)} tensor",
+                     "Read B, h, T and d_head from x.shape; the result is (B, T, h·d_head).")
+        expect_shape(merged_split, (B, T, h * d_head), "merge_heads of split_heads' output")
+
+
+MERGE_VALUE_CASES = [(3, 5, 12, 4), (2, 6, 12, 3), (2, 4, 10, 5), (1, 3, 8, 1)]  # B, T, d_model, h
+
+
+def merge_problem(seeds):
+    g = seeds.generator(5202)
+    xs = _random_inputs(g, MERGE_VALUE_CASES)
+    return xs, torch.randn(2, 3, 4, 5, generator=g)
+
+
+@probe
+def merge_heads_inverts_split(seeds, fn):
+    xs, contiguous = merge_problem(seeds)
+    return ([_merge(fn, reference.split_heads(x, h)) for x, (_, _, _, h) in zip(xs, MERGE_VALUE_CASES)],
+            _merge(fn, contiguous))
+
+
+@merge_heads_inverts_split.judge
+def judge_merge_heads_inverts_split(seeds, results):
+    merged, merged_contiguous = results
+    xs, contiguous = merge_problem(seeds)
+    for x, (B, T, d, h), result in zip(xs, MERGE_VALUE_CASES, merged):
+        heads = oracle_split(x, h)
+        expect_close(result, x, f"merge_heads(split_heads(x, {h})) for x of shape {(B, T, d)}",
                      "merge_heads must undo split_heads exactly: transpose back to (B, T, h, d_head), then "
                      "reshape to (B, T, h·d_head).",
                      diagnoses={
@@ -171,16 +221,14 @@ def merge_heads_inverts_split(fn):
                          "mixes tokens: .transpose(1, 2) first.":
                              heads.reshape(B, T, d),
                      })
-    contiguous = torch.randn(2, 3, 4, 5, generator=g)
-    expect_close(_merge(fn, contiguous), oracle_merge(contiguous), "merge_heads of a contiguous (2, 3, 4, 5) tensor")
+    expect_close(merged_contiguous, oracle_merge(contiguous), "merge_heads of a contiguous (2, 3, 4, 5) tensor")
 
 
 # ---------------------------------------------------------------- exercise 3: MultiHeadAttention
 def _build(cls, d_model, num_heads, bias=True):
-    """The student's module, checked for the contract's sub-modules, in float64."""
-    _not_the_reference(cls, reference.MultiHeadAttention, "MultiHeadAttention")
+    """Probe side: the student's module, checked for the contract's sub-modules, in float64."""
     label = f"MultiHeadAttention({d_model}, {num_heads}, bias={bias})"
-    module = call(cls, d_model, num_heads, bias=bias, name=label)
+    module = call(cls, d_model, num_heads, bias=bias, name=label, forbidden=MHA_SHORTCUTS, forbidden_advice=OWN_WORK)
     if not isinstance(module, nn.Module):
         raise AssertionError(f"{label} should build an nn.Module, but it is a {type(module).__name__}.")
     for name in PROJECTIONS:
@@ -197,29 +245,37 @@ def _build(cls, d_model, num_heads, bias=True):
     return module.to(DTYPE)
 
 
-def _randomize(module, seed):
-    g = generator(seed)
+def projection_weights(g, d_model, bias=True):
+    """The weights the check chooses, {name: (weight, bias or None)}: the probe loads them into the
+    student's module, the judge into torch's. torch starts biases at 0: random ones make them matter."""
+    weights = {}
+    for name in PROJECTIONS:
+        weight = torch.randn(d_model, d_model, generator=g, dtype=DTYPE) * 1.5 / math.sqrt(d_model)
+        weights[name] = (weight, torch.randn(d_model, generator=g, dtype=DTYPE) * 0.5 if bias else None)
+    return weights
+
+
+def _load(module, weights):
     with torch.no_grad():
-        for name in PROJECTIONS:
+        for name, (weight, bias) in weights.items():
             linear = getattr(module, name)
-            d_out, d_in = linear.weight.shape
-            linear.weight.copy_(torch.randn(d_out, d_in, generator=g, dtype=DTYPE) * 1.5 / math.sqrt(d_in))
-            if linear.bias is not None:  # torch initialises biases to 0: random ones make them matter
-                linear.bias.copy_(torch.randn(d_out, generator=g, dtype=DTYPE) * 0.5)
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
     return module
 
 
-def _torch_twin(module, num_heads):
-    """torch.nn.MultiheadAttention holding the student's weights: in_proj stacks W_q, W_k, W_v."""
-    d_model = module.q_proj.in_features
-    bias = module.q_proj.bias is not None
+def _torch_twin(weights, num_heads):
+    """Judge side: torch.nn.MultiheadAttention holding the check's weights: in_proj stacks W_q, W_k, W_v."""
+    d_model = weights["q_proj"][0].shape[0]
+    bias = weights["q_proj"][1] is not None
     twin = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=DTYPE)
     with torch.no_grad():
-        twin.in_proj_weight.copy_(torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight]))
-        twin.out_proj.weight.copy_(module.out_proj.weight)
+        twin.in_proj_weight.copy_(torch.cat([weights[name][0] for name in ("q_proj", "k_proj", "v_proj")]))
+        twin.out_proj.weight.copy_(weights["out_proj"][0])
         if bias:
-            twin.in_proj_bias.copy_(torch.cat([module.q_proj.bias, module.k_proj.bias, module.v_proj.bias]))
-            twin.out_proj.bias.copy_(module.out_proj.bias)
+            twin.in_proj_bias.copy_(torch.cat([weights[name][1] for name in ("q_proj", "k_proj", "v_proj")]))
+            twin.out_proj.bias.copy_(weights["out_proj"][1])
     return twin
 
 
@@ -246,8 +302,8 @@ def _forward(module, *args, mask=None):
     return tuple(_tensor(r, "MultiHeadAttention.forward") for r in result)
 
 
-def _inputs(seed, B, T, d_model):
-    return torch.randn(B, T, d_model, generator=generator(seed), dtype=DTYPE)
+def _inputs(g, B, T, d_model):
+    return torch.randn(B, T, d_model, generator=g, dtype=DTYPE)
 
 
 def _mha_misconceptions(twin, num_heads, query, key, value):
@@ -292,51 +348,82 @@ def _mha_misconceptions(twin, num_heads, query, key, value):
     return weights, outputs
 
 
-def mha_modules(cls):
-    for d_model, num_heads, bias in [(12, 3, True), (12, 3, False), (20, 5, True)]:
-        module = _build(cls, d_model, num_heads, bias)
-        with torch.device("meta"):
-            expected = sum(p.numel() for p in nn.MultiheadAttention(d_model, num_heads, bias=bias).parameters())
-        found = sum(p.numel() for p in module.parameters())
+MODULE_CASES = [(12, 3, True), (12, 3, False), (20, 5, True)]  # d_model, num_heads, bias
+INDIVISIBLE_MODULES = [(10, 4), (18, 4)]
+
+
+@probe
+def mha_modules(seeds, cls):
+    counts = [sum(p.numel() for p in _build(cls, d_model, num_heads, bias).parameters())
+              for d_model, num_heads, bias in MODULE_CASES]
+    return counts, [attempt(cls, d, h, name="MultiHeadAttention", forbidden=MHA_SHORTCUTS, forbidden_advice=OWN_WORK)
+                    for d, h in INDIVISIBLE_MODULES]
+
+
+@mha_modules.judge
+def judge_mha_modules(seeds, data):
+    counts, outcomes = data
+    for (d_model, num_heads, bias), found in zip(MODULE_CASES, counts):
+        expected = _torch_count(d_model, num_heads, bias)
         if found != expected:
             raise AssertionError(
                 f"MultiHeadAttention({d_model}, {num_heads}, bias={bias}) has {found} parameters; "
                 f"torch.nn.MultiheadAttention has {expected}. Keep exactly q_proj, k_proj, v_proj and out_proj "
                 "(no extra per-head or fused copies of the weights).")
-    expect_value_error(cls, (10, 4), "MultiHeadAttention",
-                       "Check d_model % num_heads in __init__ and raise ValueError: fail when the layer is built, "
-                       "not at its first forward pass.")
-    expect_value_error(cls, (18, 4), "MultiHeadAttention", "Check d_model % num_heads in __init__.")
+    advice = ["Check d_model % num_heads in __init__ and raise ValueError: fail when the layer is built, "
+              "not at its first forward pass.", "Check d_model % num_heads in __init__."]
+    for (d, h), outcome, hint in zip(INDIVISIBLE_MODULES, outcomes, advice):
+        expect_value_error(outcome, f"MultiHeadAttention({d}, {h})", hint)
 
 
-def mha_shapes(cls):
-    for seed, (B, T, d_model, num_heads) in [(5301, (3, 5, 12, 3)), (5302, (2, 4, 8, 1)), (5303, (1, 3, 6, 6))]:
-        module = _randomize(_build(cls, d_model, num_heads), seed)
-        x = _inputs(seed + 50, B, T, d_model)
-        output, weights = _forward(module, x)
+SHAPE_CASES = [(5301, (3, 5, 12, 3)), (5302, (2, 4, 8, 1)), (5303, (1, 3, 6, 6))]  # seed, (B, T, d_model, h)
+
+
+@probe
+def mha_shapes(seeds, cls):
+    self_attention = []
+    for seed, (B, T, d_model, num_heads) in SHAPE_CASES:
+        module = _load(_build(cls, d_model, num_heads), projection_weights(seeds.generator(seed), d_model))
+        self_attention.append(_forward(module, _inputs(seeds.generator(seed + 50), B, T, d_model)))
+    module = _load(_build(cls, 12, 4), projection_weights(seeds.generator(5304), 12))
+    memory = _inputs(seeds.generator(5306), 2, 7, 12)
+    return self_attention, _forward(module, _inputs(seeds.generator(5305), 2, 3, 12), memory, memory)
+
+
+@mha_shapes.judge
+def judge_mha_shapes(seeds, data):
+    self_attention, (output, weights) = data
+    for (_, (B, T, d_model, num_heads)), (out, w) in zip(SHAPE_CASES, self_attention):
         label = f"with h={num_heads} and x of shape {(B, T, d_model)}"
-        expect_shape(output, (B, T, d_model), f"the output {label}", "The output has the shape of the query.")
-        if tuple(weights.shape) == (B, T, T) and num_heads > 1:
+        expect_shape(out, (B, T, d_model), f"the output {label}", "The output has the shape of the query.")
+        if tuple(w.shape) == (B, T, T) and num_heads > 1:
             raise AssertionError(f"the weights {label} are (B, T_q, T_k): you averaged (or lost) the heads, as "
                                  "torch.nn.MultiheadAttention does by default. Return them per head: "
                                  "(B, h, T_q, T_k).")
-        expect_shape(weights, (B, num_heads, T, T), f"the weight tensor {label}", "The weights are (B, h, T_q, T_k).")
-    module = _randomize(_build(cls, 12, 4), 5304)
-    query, memory = _inputs(5305, 2, 3, 12), _inputs(5306, 2, 7, 12)
-    output, weights = _forward(module, query, memory, memory)
+        expect_shape(w, (B, num_heads, T, T), f"the weight tensor {label}", "The weights are (B, h, T_q, T_k).")
     expect_shape(output, (2, 3, 12), "the cross-attention output (query (2, 3, 12), key and value (2, 7, 12))",
                  "The output has one row per query token.")
     expect_shape(weights, (2, 4, 3, 7), "the cross-attention weights (query (2, 3, 12), key and value (2, 7, 12))",
                  "Keys and values come from `key` and `value` when they are given: T_k = key.shape[1].")
 
 
-def mha_values(cls):
-    for seed, (B, T, d_model, num_heads, bias) in [(5401, (2, 5, 12, 3, True)), (5402, (3, 4, 8, 2, False)),
-                                                  (5403, (1, 6, 16, 4, True))]:
-        module = _randomize(_build(cls, d_model, num_heads, bias), seed)
-        twin = _torch_twin(module, num_heads)
-        x = _inputs(seed + 50, B, T, d_model)
-        output, weights = _forward(module, x)
+VALUE_CASES = [(5401, (2, 5, 12, 3, True)), (5402, (3, 4, 8, 2, False)), (5403, (1, 6, 16, 4, True))]
+
+
+@probe
+def mha_values(seeds, cls):
+    results = []
+    for seed, (B, T, d_model, num_heads, bias) in VALUE_CASES:
+        module = _load(_build(cls, d_model, num_heads, bias), projection_weights(seeds.generator(seed), d_model, bias))
+        results.append(_forward(module, _inputs(seeds.generator(seed + 50), B, T, d_model)))
+    return results
+
+
+@mha_values.judge
+def judge_mha_values(seeds, results):
+    for (seed, (B, T, d_model, num_heads, bias)), (output, weights) in zip(VALUE_CASES, results):
+        twin = _torch_twin(projection_weights(seeds.generator(seed), d_model, bias), num_heads)
+        x = _inputs(seeds.generator(seed + 50), B, T, d_model)
         expected_output, expected_weights = _torch_attention(twin, x)
         wrong_weights, wrong_outputs = _mha_misconceptions(twin, num_heads, x, x, x)
         label = f"(h={num_heads}, d_model={d_model}, bias={bias})"
@@ -347,41 +434,66 @@ def mha_values(cls):
                      "output = out_proj(merge_heads(weights @ v)).", diagnoses=wrong_outputs)
 
 
-def mha_cross_attention(cls):
-    module = _randomize(_build(cls, 12, 3), 5501)
-    twin = _torch_twin(module, 3)
-    query, key, value = _inputs(5502, 2, 4, 12), _inputs(5503, 2, 6, 12), _inputs(5504, 2, 6, 12)
-    output, weights = _forward(module, query, key, value)
+def cross_problem(seeds):
+    """(query, key, value) and the order that shuffles the key/value tokens."""
+    query, key, value = (_inputs(seeds.generator(seed), 2, t, 12) for seed, t in [(5502, 4), (5503, 6), (5504, 6)])
+    return (query, key, value), torch.randperm(6, generator=seeds.generator(5505))
+
+
+@probe
+def mha_cross_attention(seeds, cls):
+    module = _load(_build(cls, 12, 3), projection_weights(seeds.generator(5501), 12))
+    (query, key, value), order = cross_problem(seeds)
+    return _forward(module, query, key, value), _forward(module, query, key[:, order], value[:, order])
+
+
+@mha_cross_attention.judge
+def judge_mha_cross_attention(seeds, data):
+    (output, weights), (shuffled_output, shuffled_weights) = data
+    twin = _torch_twin(projection_weights(seeds.generator(5501), 12), 3)
+    (query, key, value), order = cross_problem(seeds)
     expected_output, expected_weights = _torch_attention(twin, query, key, value)
-    with torch.no_grad():
-        value_from_key = _torch_attention(twin, query, key, key)
+    value_from_key = _torch_attention(twin, query, key, key)
     expect_close(weights, expected_weights, "the cross-attention weight tensor",
                  "Queries come from `query` (through q_proj), keys from `key` (through k_proj).")
     expect_close(output, expected_output, "the cross-attention output",
                  "Values come from `value`, through v_proj.",
                  diagnoses={"your values come from `key`, not from `value`.": value_from_key[0]})
     # Behaviour: attention sees its keys and values as a set; shuffling them (together) changes nothing.
-    order = torch.randperm(6, generator=generator(5505))
-    shuffled_output, shuffled_weights = _forward(module, query, key[:, order], value[:, order])
     expect_close(shuffled_output, output, "the output after shuffling the key/value tokens together",
                  "Without a mask or positions, attention is a weighted average over a set of tokens.")
     expect_close(shuffled_weights, weights[..., order], "the weight tensor after shuffling the key/value tokens")
 
 
-def mha_mask(cls):
-    B, T, d_model, num_heads = 2, 5, 12, 3
-    module = _randomize(_build(cls, d_model, num_heads), 5601)
-    twin = _torch_twin(module, num_heads)
-    x = _inputs(5602, B, T, d_model)
+MASK_SIZE = (2, 5, 12, 3)  # B, T, d_model, h
+
+
+def mask_cases(seeds):
+    B, T, _, _ = MASK_SIZE
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     padding = torch.tensor([[True] * T, [True] * 3 + [False] * (T - 3)])[:, None, None, :]  # (B, 1, 1, T)
-    per_query = torch.rand(B, 1, T, T, generator=generator(5603)) > 0.5
+    per_query = torch.rand(B, 1, T, T, generator=seeds.generator(5603)) > 0.5
     per_query[..., 0] = True  # every query may attend somewhere
-    for description, mask in [("a causal (T, T) mask", causal), ("a (B, 1, 1, T) padding mask", padding),
-                              ("a (B, 1, T, T) mask", per_query)]:
-        output, weights = _forward(module, x, mask=mask)
+    return [("a causal (T, T) mask", causal), ("a (B, 1, 1, T) padding mask", padding),
+            ("a (B, 1, T, T) mask", per_query)]
+
+
+@probe
+def mha_mask(seeds, cls):
+    B, T, d_model, num_heads = MASK_SIZE
+    module = _load(_build(cls, d_model, num_heads), projection_weights(seeds.generator(5601), d_model))
+    x = _inputs(seeds.generator(5602), B, T, d_model)
+    return [_forward(module, x, mask=mask) for _, mask in mask_cases(seeds)]
+
+
+@mha_mask.judge
+def judge_mha_mask(seeds, results):
+    B, T, d_model, num_heads = MASK_SIZE
+    twin = _torch_twin(projection_weights(seeds.generator(5601), d_model), num_heads)
+    x = _inputs(seeds.generator(5602), B, T, d_model)
+    unmasked = _torch_attention(twin, x)
+    for (description, mask), (output, weights) in zip(mask_cases(seeds), results):
         expected_output, expected_weights = _torch_attention(twin, x, mask=mask)
-        unmasked = _torch_attention(twin, x)
         expect_shape(weights, (B, num_heads, T, T), f"the weight tensor with {description}",
                      "The mask broadcasts over (B, h, T_q, T_k); it must not change the weights' shape.")
         expect_close(weights, expected_weights, f"the weight tensor with {description}",
@@ -391,18 +503,18 @@ def mha_mask(cls):
 
 
 # ---------------------------------------------------------------- exercise 4: copy_from_torch
-def _torch_module(seed, d_model, num_heads, bias=True):
+def _torch_module(g, d_model, num_heads, bias=True):
     torch_mha = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=DTYPE)
-    g = generator(seed)
     with torch.no_grad():
         for parameter in torch_mha.parameters():  # torch's biases start at 0; random ones make them matter
             parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=DTYPE) / math.sqrt(d_model) * 1.5)
     return torch_mha
 
 
-def _reference_module(seed, d_model, num_heads, bias=True):
+def _reference_module(g, d_model, num_heads, bias=True):
+    """The course's module, with weights the check chooses (so that the judge can rebuild it)."""
     module = reference.MultiHeadAttention(d_model, num_heads, bias=bias).to(DTYPE)
-    return _randomize(module, seed)
+    return _load(module, projection_weights(g, d_model, bias))
 
 
 def _load_wrongly(module, torch_mha, order=(0, 1, 2), transpose=False, out_proj=True, biases=True):
@@ -421,25 +533,29 @@ def _load_wrongly(module, torch_mha, order=(0, 1, 2), transpose=False, out_proj=
     return module
 
 
-def _copy_misconceptions(seed, d_model, num_heads, torch_mha, query, key, value):
+def _copy_misconceptions(module_seed, seeds, d_model, num_heads, torch_mha, query, key, value):
+    """Judge side: what the course's module gives after a wrong copy (it starts from the check's weights)."""
+    def fresh():
+        return _reference_module(seeds.generator(module_seed), d_model, num_heads)
+
     names = "qkv"
     wrong = {}
-    for order in itertools.permutations(range(3)):
-        if order != (0, 1, 2):
-            module = _load_wrongly(_reference_module(seed, d_model, num_heads), torch_mha, order=order)
-            loaded = ", ".join(f"{names[i]}_proj ← the {names[j].upper()} block" for i, j in enumerate(order))
-            wrong[f"in_proj_weight is split in the wrong q/k/v order ({loaded}). Its rows stack W_q (rows "
-                  "0…d−1), then W_k (d…2d−1), then W_v (2d…3d−1)."] = module(query, key, value)[0]
-    cases = [
-        ("you transposed the weights: nn.Linear.weight and in_proj_weight are both stored as (out_features, "
-         "in_features), so copy each block as it is.", {"transpose": True}),
-        ("out_proj was not copied: also load torch_mha.out_proj.weight and .bias.", {"out_proj": False}),
-        ("the biases were not copied: also load in_proj_bias (split like the weights) and out_proj.bias.",
-         {"biases": False}),
-    ]
-    for message, options in cases:
-        module = _load_wrongly(_reference_module(seed, d_model, num_heads), torch_mha, **options)
-        wrong[message] = module(query, key, value)[0]
+    with torch.no_grad():
+        for order in itertools.permutations(range(3)):
+            if order != (0, 1, 2):
+                module = _load_wrongly(fresh(), torch_mha, order=order)
+                loaded = ", ".join(f"{names[i]}_proj ← the {names[j].upper()} block" for i, j in enumerate(order))
+                wrong[f"in_proj_weight is split in the wrong q/k/v order ({loaded}). Its rows stack W_q (rows "
+                      "0…d−1), then W_k (d…2d−1), then W_v (2d…3d−1)."] = module(query, key, value)[0]
+        cases = [
+            ("you transposed the weights: nn.Linear.weight and in_proj_weight are both stored as (out_features, "
+             "in_features), so copy each block as it is.", {"transpose": True}),
+            ("out_proj was not copied: also load torch_mha.out_proj.weight and .bias.", {"out_proj": False}),
+            ("the biases were not copied: also load in_proj_bias (split like the weights) and out_proj.bias.",
+             {"biases": False}),
+        ]
+        for message, options in cases:
+            wrong[message] = _load_wrongly(fresh(), torch_mha, **options)(query, key, value)[0]
     return wrong
 
 
@@ -459,48 +575,77 @@ def _copy(fn, module, torch_mha):
                                  "not the other way round.")
 
 
-def copy_from_torch_values(fn):
-    for seed, (d_model, num_heads) in [(5701, (12, 3)), (5702, (8, 4))]:
-        torch_mha = _torch_module(seed, d_model, num_heads)
-        module = _reference_module(seed + 10, d_model, num_heads)
-        query, key, value = (_inputs(seed + k, 2, t, d_model) for k, t in [(20, 4), (21, 6), (22, 6)])
-        with torch.no_grad():
-            wrong = _copy_misconceptions(seed + 10, d_model, num_heads, torch_mha, query, key, value)
+COPY_CASES = [(5701, (12, 3)), (5702, (8, 4))]  # seed, (d_model, num_heads)
+
+
+def copy_problem(seeds, seed, d_model, num_heads):
+    """torch's module (seed), the course's module to load into (seed + 10), and query, key, value."""
+    torch_mha = _torch_module(seeds.generator(seed), d_model, num_heads)
+    module = _reference_module(seeds.generator(seed + 10), d_model, num_heads)
+    inputs = [_inputs(seeds.generator(seed + k), 2, t, d_model) for k, t in [(20, 4), (21, 6), (22, 6)]]
+    return torch_mha, module, inputs
+
+
+@probe
+def copy_from_torch_values(seeds, fn):
+    results = []
+    for seed, (d_model, num_heads) in COPY_CASES:
+        torch_mha, module, (query, key, value) = copy_problem(seeds, seed, d_model, num_heads)
         _copy(fn, module, torch_mha)
-        with torch.no_grad():
-            expected_output, expected_weights = _torch_attention(torch_mha, query, key, value)
-            output, weights = module(query, key, value)
+        with torch.no_grad():  # the course's module, run on what the student loaded into it
+            results.append(module(query, key, value))
+    return results
+
+
+@copy_from_torch_values.judge
+def judge_copy_from_torch_values(seeds, results):
+    for (seed, (d_model, num_heads)), (output, weights) in zip(COPY_CASES, results):
+        torch_mha, _, (query, key, value) = copy_problem(seeds, seed, d_model, num_heads)
+        wrong = _copy_misconceptions(seed + 10, seeds, d_model, num_heads, torch_mha, query, key, value)
+        expected_output, expected_weights = _torch_attention(torch_mha, query, key, value)
         label = f"after copy_from_torch (d_model={d_model}, h={num_heads}; query, key and value all different)"
         expect_close(output, expected_output, f"the output {label}", diagnoses=wrong, rtol=0, atol=1e-6,
                      hint="in_proj_weight is (3·d_model, d_model): W_q, W_k, W_v stacked by rows.")
         expect_close(weights, expected_weights, f"the weight tensor {label}", rtol=0, atol=1e-6)
 
 
-def copy_from_torch_without_bias(fn):
+def no_bias_problem(seeds):
     d_model, num_heads = 12, 4
-    torch_mha = _torch_module(5801, d_model, num_heads, bias=False)
-    module = _reference_module(5802, d_model, num_heads, bias=False)
+    return (_torch_module(seeds.generator(5801), d_model, num_heads, bias=False),
+            _reference_module(seeds.generator(5802), d_model, num_heads, bias=False),
+            _inputs(seeds.generator(5803), 2, 5, d_model))
+
+
+@probe
+def copy_from_torch_without_bias(seeds, fn):
+    torch_mha, module, x = no_bias_problem(seeds)
     try:
         _copy(fn, module, torch_mha)
     except AssertionError as error:
         raise AssertionError(f"{error}\nWith bias=False, torch_mha.in_proj_bias and out_proj.bias are None and "
                              "mha's projections have no bias: copy biases only when they exist.") from None
-    x = _inputs(5803, 2, 5, d_model)
     with torch.no_grad():
-        expected_output, _ = _torch_attention(torch_mha, x)
-        output, _ = module(x)
+        return module(x)[0]
+
+
+@copy_from_torch_without_bias.judge
+def judge_copy_from_torch_without_bias(seeds, output):
+    torch_mha, _, x = no_bias_problem(seeds)
+    expected_output, _ = _torch_attention(torch_mha, x)
     expect_close(output, expected_output, "the output after copy_from_torch with bias=False", rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------- exercise 5: mha_num_parameters
+COUNT_HELPERS = {"MultiHeadAttention": reference.MultiHeadAttention}
+
+
 def _torch_count(d_model, num_heads, bias):
     with quiet(), torch.device("meta"):  # no memory, no initialisation: only the shapes
         return sum(p.numel() for p in nn.MultiheadAttention(d_model, num_heads, bias=bias).parameters())
 
 
 def _count(fn, d_model, num_heads, bias):
-    result = call(fn, d_model, num_heads, bias=bias, name="mha_num_parameters",
-                  helpers={"MultiHeadAttention": reference.MultiHeadAttention})
+    result = call(fn, d_model, num_heads, bias=bias, name="mha_num_parameters", helpers=COUNT_HELPERS)
     if isinstance(result, bool) or not (isinstance(result, numbers.Real) or torch.is_tensor(result)):
         raise AssertionError(f"mha_num_parameters should return an int, but it returned {type(result).__name__}.")
     return float(result)
@@ -519,8 +664,7 @@ def _count_misconceptions(d, h, bias):
     }
 
 
-def _expect_counts(fn, cases, bias):
-    found_counts = [_count(fn, d, h, bias) for d, h in cases]
+def _expect_counts(found_counts, cases, bias):
     for (d, h), found in zip(cases, found_counts):
         expected = _torch_count(d, h, bias)
         if found != expected:
@@ -534,12 +678,30 @@ def _expect_counts(fn, cases, bias):
                                  f"torch.nn.MultiheadAttention({d}, {h}, bias={bias}) has {expected:,} parameters.")
 
 
-def mha_num_parameters_counts(fn):
-    _expect_counts(fn, [(48, 6), (30, 5), (7, 7), (100, 1), (1024, 16)], bias=True)
-    expect_value_error(fn, (10, 4), "mha_num_parameters",
+COUNT_CASES = [(48, 6), (30, 5), (7, 7), (100, 1), (1024, 16)]
+COUNT_CASES_WITHOUT_BIAS = [(48, 6), (30, 5), (7, 7), (1024, 16)]
+
+
+@probe
+def mha_num_parameters_counts(seeds, fn):
+    return ([_count(fn, d, h, True) for d, h in COUNT_CASES],
+            attempt(fn, 10, 4, name="mha_num_parameters", helpers=COUNT_HELPERS))
+
+
+@mha_num_parameters_counts.judge
+def judge_mha_num_parameters_counts(seeds, data):
+    counts, indivisible = data
+    _expect_counts(counts, COUNT_CASES, bias=True)
+    expect_value_error(indivisible, "mha_num_parameters(10, 4)",
                        "A layer whose d_model isn't divisible by num_heads can't be built, so it has no "
                        "parameter count: raise ValueError, as MultiHeadAttention does.")
 
 
-def mha_num_parameters_bias(fn):
-    _expect_counts(fn, [(48, 6), (30, 5), (7, 7), (1024, 16)], bias=False)
+@probe
+def mha_num_parameters_bias(seeds, fn):
+    return [_count(fn, d, h, False) for d, h in COUNT_CASES_WITHOUT_BIAS]
+
+
+@mha_num_parameters_bias.judge
+def judge_mha_num_parameters_bias(seeds, counts):
+    _expect_counts(counts, COUNT_CASES_WITHOUT_BIAS, bias=False)

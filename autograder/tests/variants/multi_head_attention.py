@@ -101,6 +101,15 @@ MUTANTS = [
         raise ValueError("bad number of heads")
     return x.view(B, T, num_heads, d_model // num_heads).transpose(1, 2)
 """)}, loses=("split_heads_checks_divisibility",), message="both numbers"),
+    # A wrapper around the course's reference: the old identity check never saw it; the watch does.
+    Variant("split_wraps_the_course_reference", {SPLIT: """
+from courselib.attention import split_heads as _course_split_heads
+
+
+def split_heads(x, num_heads):
+    return _course_split_heads(x, num_heads)
+"""}, loses=("split_heads_shape", "split_heads_values", "split_heads_checks_divisibility"),
+        message="flagged for review"),
     # ---- merge_heads
     Variant("merge_heads_in_wrong_order", {MERGE: merge("""
     return x.permute(0, 2, 3, 1).reshape(B, T, h * d_head)
@@ -162,6 +171,17 @@ MUTANTS = [
     Variant("mha_ignores_mask", {MHA: mha(INIT, PROJECT_AND_SPLIT + """
         heads, weights = scaled_dot_product_attention(q, k, v)
 """ + RETURN)}, loses=("mha_mask",), message="pass `mask` on"),
+    # Its own __init__, the course's forward borrowed as a plain function: not a subclass, so the old
+    # check let it through; the watch recognises the course's code.
+    Variant("mha_borrows_the_course_forward", {MHA: """
+from courselib.attention import MultiHeadAttention as _CourseMultiHeadAttention
+
+_course_forward = _CourseMultiHeadAttention.forward
+
+
+""" + mha(INIT, """
+        return _course_forward(self, query, key, value, mask)
+""")}, loses=("mha_shapes", "mha_values", "mha_cross_attention", "mha_mask"), message="flagged for review"),
     # ---- copy_from_torch
     Variant("copy_in_proj_in_k_q_v_order", {COPY: copy(COPY_BODY.replace(
         "(mha.q_proj, mha.k_proj, mha.v_proj)", "(mha.k_proj, mha.q_proj, mha.v_proj)"))},
