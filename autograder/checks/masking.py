@@ -1,8 +1,11 @@
-"""Hidden checks for 06_masking. Each function is one grade cell's hidden part.
+"""Hidden checks for 06_masking. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape first, then values on seeded inputs against independent
-oracles, then behaviour. The oracles are torch's and Hugging Face's own code, never a copy of the
-solution:
+Each has a probe (in the student's kernel: build the inputs, call the student's code through `call`,
+return the masks, weights and outputs it produced as data) and a judge (in the grader: rebuild the
+same inputs from the same seeds, compute the oracle, run the behaviour tests on the student's masks,
+compare, name the misconception). Layered as the course's tests are: shape first, then values on
+seeded inputs against independent oracles, then behaviour. The oracles are torch's and Hugging
+Face's own code, never a copy of the solution:
 - `torch.nn.Transformer.generate_square_subsequent_mask` for the causal mask,
 - the `attention_mask` of a Hugging Face `tokenizers` tokenizer with padding for the padding mask,
 - `torch.nn.functional.scaled_dot_product_attention` for masked weights (in torch 2.13 it gives a
@@ -10,15 +13,16 @@ solution:
 - `torch.nn.MultiheadAttention` for cross-attention (through `attn_mask`: its `key_padding_mask`
   check imports sympy, two seconds of the notebook's budget).
 Exercises are graded on their own: the student's other mask functions are swapped for the course's
-reference ones (`courselib.attention`) while a function runs. Seeds here are never used by the
-visible tests.
+reference ones (`courselib.attention`) while a function runs, and the reference of the exercise
+itself is forbidden. Modules and sentences come from the run's seeds, so the hidden inputs are never
+the visible tests'.
 """
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, to_numpy
+from autograder.checks.common import call, expect_close, expect_shape, probe, to_numpy
 from courselib import attention as reference
 
 ORACLE_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention"]
@@ -29,18 +33,27 @@ REFERENCE_HELPERS = {
     "causal_padding_mask": reference.causal_padding_mask,
     "masked_softmax": reference.masked_softmax,
 }
+# The course's references (and torch's own helper) that would answer each exercise.
+OWN_WORK = "the exercise asks you to write it yourself; the course's version is the reference here, not the answer."
+CAUSAL_SHORTCUTS = ["courselib.attention.causal_mask", "courselib.attention.causal_padding_mask",
+                    "torch.nn.Transformer.generate_square_subsequent_mask"]
+SOFTMAX_SHORTCUTS = ORACLE_SHORTCUTS + ["courselib.attention.masked_softmax",
+                                        "courselib.attention.scaled_dot_product_attention"]
+PADDING_SHORTCUTS = ["courselib.attention.padding_mask", "courselib.attention.causal_padding_mask"]
+CAUSAL_PADDING_SHORTCUTS = ["courselib.attention.causal_padding_mask"]
 VOCABULARY = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log", "and", "slept", "barked"]
 SENTENCES = ["the cat sat on the mat", "a dog ran", "", "the dog barked and the cat slept on a log", "cat"]
 
 
-# ---------------------------------------------------------------- oracles
+# ---------------------------------------------------------------- oracles and inputs
 def oracle_causal(T):
     """torch's own causal mask is additive (0 or -inf); 'may attend' is where it is 0."""
     return nn.Transformer.generate_square_subsequent_mask(T) == 0
 
 
 def tokenized_batch(sentences, pad_id, direction="right"):
-    """(input_ids (B, T), attention_mask (B, T) bool) from a `tokenizers` WordLevel tokenizer."""
+    """(input_ids (B, T), attention_mask (B, T) bool) from a `tokenizers` WordLevel tokenizer. The probe
+    uses the ids only; the judge also the attention_mask, the oracle of padding_mask."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -56,6 +69,13 @@ def tokenized_batch(sentences, pad_id, direction="right"):
     return input_ids, attention_mask
 
 
+def shuffled(seeds, stream, sentences):
+    """The sentences in an order drawn for this run: the batch (and its padding) differs per run."""
+    sentences = list(sentences)
+    seeds.random(stream).shuffle(sentences)
+    return sentences
+
+
 def oracle_weights(scores, mask):
     """Masked softmax over the last dim by torch's kernel: scores @ I with scale 1, attending over I."""
     T_k = scores.shape[-1]
@@ -66,6 +86,16 @@ def oracle_weights(scores, mask):
 def oracle_weights_along(scores, mask, dim):
     mask = mask.expand(scores.shape)
     return oracle_weights(scores.movedim(dim, -1), mask.movedim(dim, -1)).movedim(-1, dim)
+
+
+def seeded_mha(g, d_model=8, num_heads=2, cls=reference.MultiHeadAttention):
+    """The course's module in float64 with weights from `g` (uniform in ±1/√d_model, like nn.Linear's
+    own initialisation), so that probe and judge build the same one."""
+    mha = cls(d_model, num_heads).double().eval()
+    with torch.no_grad():
+        for parameter in mha.parameters():
+            parameter.copy_((torch.rand(parameter.shape, generator=g, dtype=torch.float64) * 2 - 1) / d_model ** 0.5)
+    return mha
 
 
 def torch_cross_attention(mha, decoder_states, encoder_states, encoder_padding_mask=None):
@@ -88,7 +118,7 @@ def torch_cross_attention(mha, decoder_states, encoder_states, encoder_padding_m
 
 
 def bool_mask(value, name, hint=""):
-    """The student's mask, checked to be a bool tensor."""
+    """Judge side: the student's mask, checked to be a bool tensor."""
     if not torch.is_tensor(value):
         raise AssertionError(f"{name} should be a torch tensor, but it is a {type(value).__name__}.")
     if value.dtype != torch.bool:
@@ -99,7 +129,24 @@ def bool_mask(value, name, hint=""):
     return value
 
 
+def _attend(q, k, v, mask, who):
+    """Judge side: attention by torch's kernel under the student's mask (data)."""
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    except RuntimeError as error:
+        raise AssertionError(f"{who} could not be used as a mask for scores of shape "
+                             f"{tuple(q.shape[:-1]) + (k.shape[-2],)}: {error}") from None
+
+
 # ---------------------------------------------------------------- exercise 1: causal_mask
+CAUSAL_ADVICE = ("build the mask yourself (torch.ones(...).tril(), or comparing positions): the course's "
+                 "causal_mask and torch's generate_square_subsequent_mask are the references here, not the answer.")
+
+
+def _causal(fn, T):
+    return call(fn, T, name="causal_mask", forbidden=CAUSAL_SHORTCUTS, forbidden_advice=CAUSAL_ADVICE)
+
+
 def causal_mask_diagnoses(T):
     lower = torch.ones(T, T).tril()
     return {
@@ -112,32 +159,51 @@ def causal_mask_diagnoses(T):
     }
 
 
-def causal_mask_values(fn):
-    for T in (3, 7, 10, 1):
-        mask = bool_mask(call(fn, T, name="causal_mask"), f"causal_mask({T})")
+def causal_sizes(seeds):
+    return (3, 7, 10, 1, seeds.random(2600).randint(2, 16))
+
+
+@probe
+def causal_mask_values(seeds, fn):
+    return [_causal(fn, T) for T in causal_sizes(seeds)]
+
+
+@causal_mask_values.judge
+def judge_causal_mask_values(seeds, masks):
+    for T, mask in zip(causal_sizes(seeds), masks):
+        bool_mask(mask, f"causal_mask({T})")
         expect_shape(mask, (T, T), f"causal_mask({T})",
                      "The mask is (T, T), one row per query, built from T; a fixed-size answer won't do.")
         expect_close(mask, oracle_causal(T), f"causal_mask({T})", diagnoses=causal_mask_diagnoses(T))
 
 
-def _attend(q, k, v, mask, who):
-    try:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    except RuntimeError as error:
-        raise AssertionError(f"{who} could not be used as a mask for scores of shape "
-                             f"{tuple(q.shape[:-1]) + (k.shape[-2],)}: {error}") from None
+PEEK_T, PEEK_CUT, PREFIXES = 7, 4, (3, 5)
 
 
-def causal_mask_no_peeking(fn):
-    """Changing the future never changes the past, and one pass equals T prefix-sized passes."""
-    T, cut = 7, 4
-    g = generator(2601)
+def peeking_problem(seeds):
+    """q, k, v (2, 3, T, 5), and k, v with tokens PEEK_CUT.. rewritten."""
+    T, cut = PEEK_T, PEEK_CUT
+    g = seeds.generator(2601)
     q, k, v = (torch.randn(2, 3, T, 5, generator=g, dtype=torch.float64) for _ in range(3))
-    mask = bool_mask(call(fn, T, name="causal_mask"), f"causal_mask({T})")
-    before = _attend(q, k, v, mask, f"causal_mask({T})")
     k2, v2 = k.clone(), v.clone()
     k2[..., cut:, :] = torch.randn(2, 3, T - cut, 5, generator=g, dtype=torch.float64)
     v2[..., cut:, :] = torch.randn(2, 3, T - cut, 5, generator=g, dtype=torch.float64)
+    return q, k, v, k2, v2
+
+
+@probe
+def causal_mask_no_peeking(seeds, fn):
+    """The student's masks; the judge attends with them."""
+    return {T: _causal(fn, T) for T in (PEEK_T, 1, *PREFIXES)}
+
+
+@causal_mask_no_peeking.judge
+def judge_causal_mask_no_peeking(seeds, masks):
+    """Changing the future never changes the past, and one pass equals T prefix-sized passes."""
+    T, cut = PEEK_T, PEEK_CUT
+    q, k, v, k2, v2 = peeking_problem(seeds)
+    mask = bool_mask(masks[T], f"causal_mask({T})")
+    before = _attend(q, k, v, mask, f"causal_mask({T})")
     after = _attend(q, k2, v2, mask, f"causal_mask({T})")
     changed = (after[..., :cut, :] - before[..., :cut, :]).abs().amax(dim=(0, 1, 3))
     if changed.max() > 1e-9:
@@ -145,11 +211,12 @@ def causal_mask_no_peeking(fn):
         raise AssertionError(
             f"Changing tokens {cut}..{T - 1} changed the output at position {position}: under your mask a "
             "token peeks at the future. Query t may only attend to keys 0..t.")
-    first = _attend(q[..., :1, :], k[..., :1, :], v[..., :1, :], call(fn, 1, name="causal_mask"), "causal_mask(1)")
+    first = _attend(q[..., :1, :], k[..., :1, :], v[..., :1, :], bool_mask(masks[1], "causal_mask(1)"),
+                    "causal_mask(1)")
     expect_close(first[..., 0, :], v[..., 0, :], "the output at position 0",
                  "The first token may attend only to itself, so its output is its own value vector.")
-    for t in (3, 5):
-        prefix = _attend(q[..., :t, :], k[..., :t, :], v[..., :t, :], call(fn, t, name="causal_mask"),
+    for t in PREFIXES:
+        prefix = _attend(q[..., :t, :], k[..., :t, :], v[..., :t, :], bool_mask(masks[t], f"causal_mask({t})"),
                          f"causal_mask({t})")
         expect_close(before[..., :t, :], prefix, f"the first {t} outputs",
                      f"One pass over {T} tokens must give the same first {t} outputs as a pass over "
@@ -157,20 +224,25 @@ def causal_mask_no_peeking(fn):
 
 
 # ---------------------------------------------------------------- exercise 2: masked_softmax
+SOFTMAX_ADVICE = ("mask and normalise the scores yourself: torch's scaled_dot_product_attention is the oracle "
+                  "here, and the course's masked_softmax the reference, not the answer.")
+
+
 def _masked_softmax(fn, scores, mask, **kwargs):
     before = scores.detach().clone()
-    result = call(fn, scores, mask, name="masked_softmax", forbidden=ORACLE_SHORTCUTS,
-                  forbidden_advice="mask and normalise the scores yourself: torch's "
-                                   "scaled_dot_product_attention is the oracle here, not the answer.",
-                  **kwargs)
+    result = call(fn, scores, mask, name="masked_softmax", forbidden=SOFTMAX_SHORTCUTS,
+                  forbidden_advice=SOFTMAX_ADVICE, **kwargs)
     if not torch.equal(scores.detach(), before):
         raise AssertionError("masked_softmax changed `scores` in place (masked_fill_ or scores[~mask] = ...): "
                              "the caller's scores must survive. Use the out-of-place masked_fill or torch.where.")
     if not torch.is_tensor(result):
         raise AssertionError(f"masked_softmax should return a torch tensor, but it returned {type(result).__name__}.")
-    expect_shape(result, scores.shape, "masked_softmax(scores, mask)",
-                 "The weights have the shape of the scores; the mask only broadcasts against them.")
     return result
+
+
+def expect_weights_shape(weights, scores):
+    expect_shape(weights, scores.shape, "masked_softmax(scores, mask)",
+                 "The weights have the shape of the scores; the mask only broadcasts against them.")
 
 
 def at_least_one_key(mask, dim=-1):
@@ -197,26 +269,46 @@ def masked_softmax_diagnoses(scores, mask):
     }
 
 
-def masked_softmax_values(fn):
-    """Parity with F.scaled_dot_product_attention's weights under the same boolean mask."""
-    g = generator(2602)
+def softmax_value_cases(seeds):
+    """Scores (2, 3, 5, 6) and three masks that broadcast differently against them."""
+    g = seeds.generator(2602)
     scores = torch.randn(2, 3, 5, 6, generator=g) * 2
     rectangular_causal = torch.ones(5, 6, dtype=torch.bool).tril(1)            # (T_q, T_k)
     padding = at_least_one_key(torch.rand(2, 1, 1, 6, generator=g) > 0.4)      # (B, 1, 1, T_k)
     random_mask = at_least_one_key(torch.rand(2, 3, 5, 6, generator=g) > 0.5)  # (B, h, T_q, T_k)
-    for description, mask in [("a (T_q, T_k) causal-style mask", rectangular_causal),
-                              ("a (B, 1, 1, T_k) padding mask", padding),
-                              ("a (B, h, T_q, T_k) mask", random_mask)]:
-        weights = _masked_softmax(fn, scores, mask)
+    return scores, [("a (T_q, T_k) causal-style mask", rectangular_causal),
+                    ("a (B, 1, 1, T_k) padding mask", padding),
+                    ("a (B, h, T_q, T_k) mask", random_mask)]
+
+
+def huge_hidden_case(scores, random_mask):
+    # A hidden score can be anything, even far larger than every visible one (float32, as in training).
+    return scores.masked_fill(~random_mask, 150.0)
+
+
+@probe
+def masked_softmax_values(seeds, fn):
+    """Parity with F.scaled_dot_product_attention's weights under the same boolean mask."""
+    scores, masks = softmax_value_cases(seeds)
+    random_mask = masks[-1][1]
+    return ([_masked_softmax(fn, scores, mask) for _, mask in masks],
+            _masked_softmax(fn, huge_hidden_case(scores, random_mask), random_mask))
+
+
+@masked_softmax_values.judge
+def judge_masked_softmax_values(seeds, results):
+    weights_per_mask, huge = results
+    scores, masks = softmax_value_cases(seeds)
+    for (description, mask), weights in zip(masks, weights_per_mask):
+        expect_weights_shape(weights, scores)
         expect_close(weights, oracle_weights(scores, mask), f"masked_softmax with {description}",
                      "Masked positions get weight exactly 0 and each row sums to 1 over the allowed keys.",
                      diagnoses=masked_softmax_diagnoses(scores, mask))
-    # A hidden score can be anything, even far larger than every visible one (float32, as in training).
-    huge_hidden = scores.masked_fill(~random_mask, 150.0)
-    weights = _masked_softmax(fn, huge_hidden, random_mask)
-    expected = oracle_weights(huge_hidden, random_mask)
-    weights_np = to_numpy(weights, "masked_softmax")
-    if not np.allclose(np.nan_to_num(weights_np, nan=-1.0), expected.numpy(), rtol=1e-4, atol=1e-5):
+    random_mask = masks[-1][1]
+    expected = oracle_weights(huge_hidden_case(scores, random_mask), random_mask)
+    expect_weights_shape(huge, scores)
+    if not np.allclose(np.nan_to_num(to_numpy(huge, "masked_softmax"), nan=-1.0), expected.numpy(),
+                       rtol=1e-4, atol=1e-5):
         raise AssertionError(
             "masked_softmax is wrong when a hidden score is huge (150 where the visible ones are near 0): "
             "normalising over all keys first lets hidden scores swallow the visible ones (e^-150 underflows "
@@ -224,16 +316,42 @@ def masked_softmax_values(fn):
             "never take part: set them to -inf before the softmax.")
 
 
-def masked_softmax_never_nan(fn):
-    """Fully masked rows are zeros, in the forward pass and in the gradient; huge scores stay finite."""
-    g = generator(2603)
+def never_nan_problem(seeds):
+    """Float64 scores with fully masked rows, the upstream gradient, and scores around 1e4."""
+    g = seeds.generator(2603)
     scores = torch.randn(2, 4, 5, generator=g, dtype=torch.float64) * 3
     mask = at_least_one_key(torch.rand(2, 4, 5, generator=g) > 0.5)
     mask[1, 0] = False   # a query with nothing to attend to (a padding query under left padding)
     mask[1, 3] = False
     mask[0, 2] = False
-    fully_masked = ~mask.any(dim=-1)
+    upstream = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    big = 1e4 + torch.randn(3, 6, generator=g, dtype=torch.float64) * 50
+    big_mask = at_least_one_key(torch.rand(3, 6, generator=g) > 0.3)
+    return scores, mask, upstream, big, big_mask
+
+
+@probe
+def masked_softmax_never_nan(seeds, fn):
+    scores, mask, upstream, big, big_mask = never_nan_problem(seeds)
     weights = _masked_softmax(fn, scores, mask)
+    # Training backpropagates through these rows: the probe measures the gradient, the judge decides.
+    leaf = scores.clone().requires_grad_(True)
+    attached = _masked_softmax(fn, leaf, mask)
+    grad = None
+    if attached.grad_fn is not None and tuple(attached.shape) == tuple(leaf.shape):
+        (attached * upstream).sum().backward()
+        grad = leaf.grad
+    return {"weights": weights, "attached": attached.grad_fn is not None, "grad": grad,
+            "big": _masked_softmax(fn, big, big_mask)}
+
+
+@masked_softmax_never_nan.judge
+def judge_masked_softmax_never_nan(seeds, data):
+    """Fully masked rows are zeros, in the forward pass and in the gradient; huge scores stay finite."""
+    scores, mask, upstream, big, big_mask = never_nan_problem(seeds)
+    fully_masked = ~mask.any(dim=-1)
+    weights = data["weights"]
+    expect_weights_shape(weights, scores)
     weights_np = to_numpy(weights, "masked_softmax")
     if not np.all(np.isfinite(weights_np)):
         raise AssertionError(
@@ -250,38 +368,46 @@ def masked_softmax_never_nan(fn):
                  "Rows with at least one allowed key sum to 1; rows with none are all zeros.")
 
     # Training backpropagates through these rows: one NaN gradient poisons every parameter.
-    upstream = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
-    leaf = scores.clone().requires_grad_(True)
-    weights = _masked_softmax(fn, leaf, mask)
-    if weights.grad_fn is None:
+    if not data["attached"]:
         raise AssertionError("masked_softmax's output is cut off from autograd (detach, .data, NumPy?): "
                              "a model trains through it, so keep it a differentiable torch computation.")
-    (weights * upstream).sum().backward()
-    if leaf.grad is None or not torch.isfinite(leaf.grad).all():
+    grad = data["grad"]
+    if grad is None or not np.all(np.isfinite(to_numpy(grad, "the gradient"))):
         raise AssertionError(
             "the forward pass is fine, but the gradient of masked_softmax is NaN on fully masked rows. "
             "Adding a -inf mask (scores + mask) lets the softmax's NaN flow back into the scores; "
             "masked_fill(~mask, -inf) or torch.where(mask, scores, -inf) gives masked scores no gradient.")
     oracle_leaf = scores.clone().requires_grad_(True)
     (oracle_weights(oracle_leaf, mask) * upstream).sum().backward()
-    expect_close(leaf.grad, oracle_leaf.grad, "the gradient of masked_softmax with respect to the scores")
+    expect_close(grad, oracle_leaf.grad, "the gradient of masked_softmax with respect to the scores")
 
-    big = 1e4 + torch.randn(3, 6, generator=g, dtype=torch.float64) * 50
-    big_mask = at_least_one_key(torch.rand(3, 6, generator=g) > 0.3)
-    weights = _masked_softmax(fn, big, big_mask)
-    if not np.all(np.isfinite(to_numpy(weights, "masked_softmax"))):
+    big_weights = data["big"]
+    expect_weights_shape(big_weights, big)
+    if not np.all(np.isfinite(to_numpy(big_weights, "masked_softmax"))):
         raise AssertionError("masked_softmax overflowed for scores around 1e4: subtract the row maximum "
                              "before exponentiating (torch.softmax does this for you).")
-    expect_close(weights, oracle_weights(big, big_mask), "masked_softmax for scores around 1e4")
+    expect_close(big_weights, oracle_weights(big, big_mask), "masked_softmax for scores around 1e4")
 
 
-def masked_softmax_respects_dim(fn):
-    g = generator(2604)
+def dim_cases(seeds):
+    g = seeds.generator(2604)
     scores = torch.randn(3, 4, 5, generator=g)
-    for dim, mask in [(0, at_least_one_key(torch.rand(3, 4, 5, generator=g) > 0.5, dim=0)),
-                      (-2, at_least_one_key(torch.rand(1, 4, 5, generator=g) > 0.5, dim=-2)),
-                      (1, at_least_one_key(torch.rand(3, 4, 1, generator=g) > 0.5, dim=1))]:
-        weights = _masked_softmax(fn, scores, mask, dim=dim)
+    return scores, [(0, at_least_one_key(torch.rand(3, 4, 5, generator=g) > 0.5, dim=0)),
+                    (-2, at_least_one_key(torch.rand(1, 4, 5, generator=g) > 0.5, dim=-2)),
+                    (1, at_least_one_key(torch.rand(3, 4, 1, generator=g) > 0.5, dim=1))]
+
+
+@probe
+def masked_softmax_respects_dim(seeds, fn):
+    scores, cases = dim_cases(seeds)
+    return [_masked_softmax(fn, scores, mask, dim=dim) for dim, mask in cases]
+
+
+@masked_softmax_respects_dim.judge
+def judge_masked_softmax_respects_dim(seeds, results):
+    scores, cases = dim_cases(seeds)
+    for (dim, mask), weights in zip(cases, results):
+        expect_weights_shape(weights, scores)
         expect_close(weights, oracle_weights_along(scores, mask, dim), f"masked_softmax(..., dim={dim})",
                      "Normalise along `dim` (torch.softmax(..., dim=dim)); the mask broadcasts as before.",
                      diagnoses={"your masked_softmax ignores `dim` and always normalises the last dimension.":
@@ -289,10 +415,28 @@ def masked_softmax_respects_dim(fn):
 
 
 # ---------------------------------------------------------------- exercise 3: padding_mask
-def padding_mask_shape(fn):
-    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=5)            # (3, 6)
+PADDING_ADVICE = "compare input_ids with pad_id yourself: the course's padding_mask is the reference here, not the answer."
+
+
+def _padding(fn, input_ids, pad_id):
+    return call(fn, input_ids, pad_id, name="padding_mask", forbidden=PADDING_SHORTCUTS,
+                forbidden_advice=PADDING_ADVICE)
+
+
+SHAPE_PAD_ID = 5
+
+
+@probe
+def padding_mask_shape(seeds, fn):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=SHAPE_PAD_ID)            # (3, 6)
+    return _padding(fn, input_ids, SHAPE_PAD_ID)
+
+
+@padding_mask_shape.judge
+def judge_padding_mask_shape(seeds, mask):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=SHAPE_PAD_ID)
     B, T = input_ids.shape
-    mask = bool_mask(call(fn, input_ids, 5, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+    bool_mask(mask, "padding_mask(input_ids, pad_id)")
     shape = tuple(mask.shape)
     if shape == (B, 1, T, 1):
         raise AssertionError(
@@ -307,11 +451,23 @@ def padding_mask_shape(fn):
                  "One row per sequence, with axes for heads and queries of size 1: (B, 1, 1, T).")
 
 
-def padding_mask_values(fn):
-    for pad_id, direction, sentences in [(5, "right", SENTENCES), (0, "left", SENTENCES[::-1]),
-                                         (12, "right", SENTENCES[1:4])]:
+def padding_value_cases(seeds):
+    """(pad_id, direction, sentences), the sentences in an order drawn for this run."""
+    return [(5, "right", shuffled(seeds, 2620, SENTENCES)), (0, "left", shuffled(seeds, 2621, SENTENCES)),
+            (12, "right", shuffled(seeds, 2622, SENTENCES[1:4]))]
+
+
+@probe
+def padding_mask_values(seeds, fn):
+    return [_padding(fn, tokenized_batch(sentences, pad_id, direction)[0], pad_id)
+            for pad_id, direction, sentences in padding_value_cases(seeds)]
+
+
+@padding_mask_values.judge
+def judge_padding_mask_values(seeds, masks):
+    for (pad_id, direction, sentences), mask in zip(padding_value_cases(seeds), masks):
         input_ids, attention_mask = tokenized_batch(sentences, pad_id, direction)
-        mask = bool_mask(call(fn, input_ids, pad_id, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+        bool_mask(mask, "padding_mask(input_ids, pad_id)")
         expected = attention_mask[:, None, None, :]
         expect_shape(mask, expected.shape, "padding_mask(input_ids, pad_id)", "(B, 1, 1, T).")
         diagnoses = {"you hid the real tokens and kept the padding: True means 'may attend' (a real token).":
@@ -324,19 +480,35 @@ def padding_mask_values(fn):
                      diagnoses=diagnoses)
 
 
-def padding_never_changes_real_tokens(fn):
+REAL_TOKENS_PAD_ID, EXTRA_PADDING = 4, (0, 3)
+
+
+def real_tokens_batches(seeds):
+    """[(input_ids, attention_mask)] with no empty sentence, then with more padding appended."""
+    sentences = shuffled(seeds, 2623, SENTENCES[:2] + SENTENCES[3:])
+    input_ids, attention_mask = tokenized_batch(sentences, REAL_TOKENS_PAD_ID, "right")
+    batches = []
+    for extra in EXTRA_PADDING:  # appending more padding must change nothing either
+        batches.append((F.pad(input_ids, (0, extra), value=REAL_TOKENS_PAD_ID),
+                        F.pad(attention_mask, (0, extra), value=False)))
+    return batches
+
+
+@probe
+def padding_never_changes_real_tokens(seeds, fn):
+    return [_padding(fn, input_ids, REAL_TOKENS_PAD_ID) for input_ids, _ in real_tokens_batches(seeds)]
+
+
+@padding_never_changes_real_tokens.judge
+def judge_padding_never_changes_real_tokens(seeds, masks):
     """Each sentence alone gives the same outputs at its real tokens as inside a padded batch."""
-    torch.manual_seed(2605)
-    mha = reference.MultiHeadAttention(8, 2).double().eval()
+    g = seeds.generator(2605)
+    mha = seeded_mha(g)
     embedding = nn.Embedding(len(VOCABULARY) + 2, 8).double()  # [PAD] and [UNK] rows are random, as in a real model
-    pad_id = 4
-    for extra in (0, 3):
-        sentences = SENTENCES[:2] + SENTENCES[3:]
-        input_ids, attention_mask = tokenized_batch(sentences, pad_id, "right")
-        if extra:  # appending more padding must change nothing either
-            input_ids = F.pad(input_ids, (0, extra), value=pad_id)
-            attention_mask = F.pad(attention_mask, (0, extra), value=False)
-        mask = bool_mask(call(fn, input_ids, pad_id, name="padding_mask"), "padding_mask(input_ids, pad_id)")
+    with torch.no_grad():
+        embedding.weight.copy_(torch.randn(embedding.weight.shape, generator=g, dtype=torch.float64))
+    for extra, (input_ids, attention_mask), mask in zip(EXTRA_PADDING, real_tokens_batches(seeds), masks):
+        bool_mask(mask, "padding_mask(input_ids, pad_id)")
         with torch.no_grad():
             try:
                 batched, _ = mha(embedding(input_ids), mask=mask)
@@ -354,26 +526,50 @@ def padding_never_changes_real_tokens(fn):
 # ---------------------------------------------------------------- exercise 4: causal_padding_mask
 def _causal_padding_mask(fn, input_ids, pad_id):
     helpers = {name: REFERENCE_HELPERS[name] for name in ("causal_mask", "padding_mask")}
-    mask = call(fn, input_ids, pad_id, name="causal_padding_mask", helpers=helpers)
-    return bool_mask(mask, "causal_padding_mask(input_ids, pad_id)")
+    return call(fn, input_ids, pad_id, name="causal_padding_mask", helpers=helpers,
+                forbidden=CAUSAL_PADDING_SHORTCUTS,
+                forbidden_advice="combine causal_mask and padding_mask yourself: the course's causal_padding_mask "
+                                 "is the reference here, not the answer.")
 
 
-def causal_padding_mask_shape(fn):
-    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=3)            # (3, 6)
+CAUSAL_PADDING_SHAPE_PAD_ID = 3
+
+
+@probe
+def causal_padding_mask_shape(seeds, fn):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=CAUSAL_PADDING_SHAPE_PAD_ID)            # (3, 6)
+    return _causal_padding_mask(fn, input_ids, CAUSAL_PADDING_SHAPE_PAD_ID)
+
+
+@causal_padding_mask_shape.judge
+def judge_causal_padding_mask_shape(seeds, mask):
+    input_ids, _ = tokenized_batch(SENTENCES[:3], pad_id=CAUSAL_PADDING_SHAPE_PAD_ID)
     B, T = input_ids.shape
-    mask = _causal_padding_mask(fn, input_ids, 3)
+    bool_mask(mask, "causal_padding_mask(input_ids, pad_id)")
     expect_shape(mask, (B, 1, T, T), "causal_padding_mask(input_ids, pad_id)",
                  "causal (T, T) & padding (B, 1, 1, T) broadcast to (B, 1, T, T): one (T, T) mask per sequence, "
                  "shared by all heads.")
 
 
-def causal_padding_mask_values(fn):
-    for pad_id, direction in [(3, "right"), (7, "left")]:
-        input_ids, attention_mask = tokenized_batch(SENTENCES, pad_id, direction)
+def causal_padding_cases(seeds, stream, settings):
+    return [(pad_id, direction, shuffled(seeds, stream + i, SENTENCES)) for i, (pad_id, direction) in enumerate(settings)]
+
+
+@probe
+def causal_padding_mask_values(seeds, fn):
+    return [_causal_padding_mask(fn, tokenized_batch(sentences, pad_id, direction)[0], pad_id)
+            for pad_id, direction, sentences in causal_padding_cases(seeds, 2630, [(3, "right"), (7, "left")])]
+
+
+@causal_padding_mask_values.judge
+def judge_causal_padding_mask_values(seeds, masks):
+    cases = causal_padding_cases(seeds, 2630, [(3, "right"), (7, "left")])
+    for (pad_id, direction, sentences), mask in zip(cases, masks):
+        input_ids, attention_mask = tokenized_batch(sentences, pad_id, direction)
         T = input_ids.shape[-1]
         causal, keys = oracle_causal(T), attention_mask[:, None, None, :]
         expected = causal & keys
-        mask = _causal_padding_mask(fn, input_ids, pad_id)
+        bool_mask(mask, "causal_padding_mask(input_ids, pad_id)")
         expect_shape(mask, expected.shape, "causal_padding_mask(input_ids, pad_id)", "(B, 1, T, T).")
         expect_close(mask, expected, f"causal_padding_mask with {direction} padding", diagnoses={
             "you combined the masks with | (or): a key may be attended only if it is in the past *and* is a "
@@ -385,14 +581,24 @@ def causal_padding_mask_values(fn):
         })
 
 
-def causal_padding_mask_behaviour(fn):
+BEHAVIOUR_SETTINGS = [(2, "right"), (9, "left")]
+
+
+@probe
+def causal_padding_mask_behaviour(seeds, fn):
+    return [_causal_padding_mask(fn, tokenized_batch(sentences, pad_id, direction)[0], pad_id)
+            for pad_id, direction, sentences in causal_padding_cases(seeds, 2640, BEHAVIOUR_SETTINGS)]
+
+
+@causal_padding_mask_behaviour.judge
+def judge_causal_padding_mask_behaviour(seeds, masks):
     """With the mask, a padded batch gives each real token what is_causal=True gives the sentence alone."""
-    g = generator(2606)
-    for pad_id, direction in [(2, "right"), (9, "left")]:
-        input_ids, attention_mask = tokenized_batch(SENTENCES, pad_id, direction)
+    g = seeds.generator(2606)
+    for (pad_id, direction, sentences), mask in zip(causal_padding_cases(seeds, 2640, BEHAVIOUR_SETTINGS), masks):
+        input_ids, attention_mask = tokenized_batch(sentences, pad_id, direction)
         B, T = input_ids.shape
         q, k, v = (torch.randn(B, 2, T, 4, generator=g, dtype=torch.float64) for _ in range(3))
-        mask = _causal_padding_mask(fn, input_ids, pad_id)
+        bool_mask(mask, "causal_padding_mask(input_ids, pad_id)")
         batched = _attend(q, k, v, mask, "causal_padding_mask(input_ids, pad_id)")
         if not torch.isfinite(batched).all():
             raise AssertionError("attention under your mask gave NaN or inf.")
@@ -415,7 +621,7 @@ def _cross(fn, decoder_states, encoder_states, mha, encoder_padding_mask=None):
                       **kwargs)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError("cross_attention must return the pair (output, weights), as MultiHeadAttention does.")
-    return result
+    return tuple(result)
 
 
 class ShortNamedMultiHeadAttention(reference.MultiHeadAttention):
@@ -425,10 +631,10 @@ class ShortNamedMultiHeadAttention(reference.MultiHeadAttention):
         return f"MultiHeadAttention(d_model={self.q_proj.in_features}, num_heads={self.num_heads})"
 
 
-def cross_problem(seed, B, T_dec, T_enc, d_model=8, num_heads=2, lengths=None):
-    torch.manual_seed(seed)
-    mha = ShortNamedMultiHeadAttention(d_model, num_heads).double().eval()
-    g = generator(seed)
+def cross_problem(seeds, stream, B, T_dec, T_enc, d_model=8, num_heads=2, lengths=None):
+    """The course's module with seeded weights, decoder and encoder states, and the encoder's padding mask."""
+    g = seeds.generator(stream)
+    mha = seeded_mha(g, d_model, num_heads, cls=ShortNamedMultiHeadAttention)
     decoder_states = torch.randn(B, T_dec, d_model, generator=g, dtype=torch.float64)
     encoder_states = torch.randn(B, T_enc, d_model, generator=g, dtype=torch.float64)
     mask = None
@@ -441,10 +647,15 @@ SWAP_HINT = ("queries come from the decoder and keys and values from the encoder
              "mha(decoder_states, encoder_states, encoder_states, ...). You swapped them.")
 
 
-def cross_attention_shapes(fn):
-    mha, dec, enc, mask = cross_problem(2607, B=2, T_dec=3, T_enc=6, lengths=[6, 4])
-    for with_mask in (None, mask):
-        output, weights = _cross(fn, dec, enc, mha, with_mask)
+@probe
+def cross_attention_shapes(seeds, fn):
+    mha, dec, enc, mask = cross_problem(seeds, 2607, B=2, T_dec=3, T_enc=6, lengths=[6, 4])
+    return [_cross(fn, dec, enc, mha, with_mask) for with_mask in (None, mask)]
+
+
+@cross_attention_shapes.judge
+def judge_cross_attention_shapes(seeds, results):
+    for output, weights in results:
         if tuple(getattr(output, "shape", ())) == (2, 6, 8):
             raise AssertionError("cross_attention's output has shape (2, 6, 8), one row per *encoder* token: "
                                  + SWAP_HINT)
@@ -474,11 +685,22 @@ def cross_diagnoses(mha, dec, enc, mask):
     return diagnoses
 
 
-def cross_attention_matches_torch(fn):
-    for seed, B, T_dec, T_enc, lengths in [(2608, 2, 4, 6, [6, 3]), (2609, 3, 5, 5, [2, 5, 4]),
-                                           (2610, 1, 2, 3, None)]:
-        mha, dec, enc, mask = cross_problem(seed, B, T_dec, T_enc, lengths=lengths)
-        output, weights = _cross(fn, dec, enc, mha, mask)
+MATCH_CASES = [(2608, 2, 4, 6, [6, 3]), (2609, 3, 5, 5, [2, 5, 4]), (2610, 1, 2, 3, None)]
+
+
+@probe
+def cross_attention_matches_torch(seeds, fn):
+    results = []
+    for stream, B, T_dec, T_enc, lengths in MATCH_CASES:
+        mha, dec, enc, mask = cross_problem(seeds, stream, B, T_dec, T_enc, lengths=lengths)
+        results.append(_cross(fn, dec, enc, mha, mask))
+    return results
+
+
+@cross_attention_matches_torch.judge
+def judge_cross_attention_matches_torch(seeds, results):
+    for (stream, B, T_dec, T_enc, lengths), (output, weights) in zip(MATCH_CASES, results):
+        mha, dec, enc, mask = cross_problem(seeds, stream, B, T_dec, T_enc, lengths=lengths)
         expected_output, expected_weights = torch_cross_attention(mha, dec, enc, mask)
         expect_close(output, expected_output, "cross_attention's output",
                      "The same as torch.nn.MultiheadAttention(query=decoder, key=value=encoder, key_padding_mask="
@@ -488,32 +710,41 @@ def cross_attention_matches_torch(fn):
                      "√d_head, masked at the encoder's padding, (B, h, T_dec, T_enc).")
 
 
-def cross_attention_ignores_encoder_padding(fn):
-    mha, dec, enc, mask = cross_problem(2611, B=2, T_dec=4, T_enc=5, lengths=[5, 3])
-    output, _ = _cross(fn, dec, enc, mha, mask)
+@probe
+def cross_attention_ignores_encoder_padding(seeds, fn):
+    mha, dec, enc, mask = cross_problem(seeds, 2611, B=2, T_dec=4, T_enc=5, lengths=[5, 3])
+    g = seeds.generator(2612)
     # More padding (random vectors, as real pad embeddings are) must not change any decoder output.
-    g = generator(2612)
     padded_enc = torch.cat([enc, torch.randn(2, 3, 8, generator=g, dtype=torch.float64)], dim=1)
     padded_mask = F.pad(mask, (0, 3), value=False)
-    padded_output, padded_weights = _cross(fn, dec, padded_enc, mha, padded_mask)
+    # Decoder positions don't see each other in cross-attention: changing one changes only its own output.
+    changed_dec = dec.clone()
+    changed_dec[:, 2] = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    # A source made only of padding: nothing to attend to, weights all zero, no NaN.
+    empty_mask = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    empty_mask[0, ..., :2] = True
+    return {"plain": _cross(fn, dec, enc, mha, mask), "padded": _cross(fn, dec, padded_enc, mha, padded_mask),
+            "changed": _cross(fn, changed_dec, enc, mha, mask), "empty": _cross(fn, dec, enc, mha, empty_mask)}
+
+
+@cross_attention_ignores_encoder_padding.judge
+def judge_cross_attention_ignores_encoder_padding(seeds, results):
+    output, _ = results["plain"]
+    padded_output, padded_weights = results["padded"]
     expect_close(padded_output, output, "decoder outputs after appending encoder padding",
                  "Appending padding to the source must change nothing: its keys are masked for every query.")
     if np.abs(to_numpy(padded_weights, "weights")[..., 5:]).max() > 1e-9:
         raise AssertionError("decoder queries gave weight to encoder padding: apply encoder_padding_mask.")
-    # Decoder positions don't see each other in cross-attention: changing one changes only its own output.
-    changed_dec = dec.clone()
-    changed_dec[:, 2] = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    changed_output, _ = _cross(fn, changed_dec, enc, mha, mask)
+    changed_output, _ = results["changed"]
     others = [0, 1, 3]
-    expect_close(changed_output[:, others], output[:, others], "the other decoder positions' outputs",
+    expect_close(to_numpy(changed_output, "cross_attention's output")[:, others], to_numpy(output, "output")[:, others],
+                 "the other decoder positions' outputs",
                  "In cross-attention a decoder position looks only at the encoder; changing decoder token 2 "
                  "may change output 2 only. Did you take keys or values from the decoder?")
-    # A source made only of padding: nothing to attend to, weights all zero, no NaN.
-    empty_mask = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
-    empty_mask[0, ..., :2] = True
-    output, weights = _cross(fn, dec, enc, mha, empty_mask)
-    if not (torch.isfinite(output).all() and torch.isfinite(weights).all()):
+    empty_output, empty_weights = results["empty"]
+    empty_output, empty_weights = to_numpy(empty_output, "output"), to_numpy(empty_weights, "weights")
+    if not (np.all(np.isfinite(empty_output)) and np.all(np.isfinite(empty_weights))):
         raise AssertionError("cross_attention gave NaN for a source sentence made only of padding: its weights "
                              "must be all zeros (masked_softmax handles fully masked rows).")
-    expect_close(weights[1], torch.zeros(2, 4, 5), "the weights for an all-padding source",
+    expect_close(empty_weights[1], np.zeros((2, 4, 5)), "the weights for an all-padding source",
                  "With nothing to attend to, every weight is 0.")

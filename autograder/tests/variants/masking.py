@@ -50,6 +50,15 @@ MUTANTS = [
                          [1, 1, 1, 0],
                          [1, 1, 1, 1]], dtype=torch.bool)
 """)}, loses=("causal_mask_values", "causal_mask_no_peeking"), message="shape"),
+    # torch's own helper (the oracle) captured under another name before the test: the old check had
+    # no watch here at all; the watch recognises the helper's code and flags the answer.
+    Variant("causal_from_torch_helper_through_an_alias", {CAUSAL: """
+_square_subsequent = nn.Transformer.generate_square_subsequent_mask
+
+
+""" + causal("""
+    return _square_subsequent(T) == 0
+""")}, loses=("causal_mask_values", "causal_mask_no_peeking"), message="flagged for review"),
     # ---- masked_softmax
     Variant("masked_softmax_zeroed_after_softmax", {SOFTMAX: masked_softmax("""
     return torch.softmax(scores, dim=dim) * mask
@@ -90,6 +99,16 @@ MUTANTS = [
                                              attn_mask=mask.expand(scores.shape).movedim(dim, -1), scale=1.0)
     return weights.movedim(-1, dim)
 """)}, loses=("masked_softmax_values",), message="oracle"),
+    # A wrapper around the course's reference: only torch's kernel was refused before; the watch sees
+    # the course's code, however it is reached.
+    Variant("masked_softmax_wraps_the_course_reference", {SOFTMAX: """
+from courselib.attention import masked_softmax as _course_masked_softmax
+
+
+""" + masked_softmax("""
+    return _course_masked_softmax(scores, mask, dim=dim)
+""")}, loses=("masked_softmax_values", "masked_softmax_never_nan", "masked_softmax_respects_dim"),
+        message="flagged for review"),
     # ---- padding_mask
     Variant("padding_masks_queries_not_keys", {PADDING: padding("""
     return (input_ids != pad_id)[:, None, :, None]
