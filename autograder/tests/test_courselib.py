@@ -157,8 +157,8 @@ def test_blocks_are_interchangeable_with_the_hidden_tests_references():
     from autograder.checks import encoder
     pairs = [(blocks.LayerNorm(10, eps=1e-5), encoder.ReferenceLayerNorm(10, eps=1e-5), (4, 10)),
              (blocks.FeedForward(10, 24), encoder.ReferenceFeedForward(10, 24), (2, 3, 10)),
-             (blocks.EncoderLayer(10, 2, 24, norm_first=True), encoder.ReferenceEncoderLayer(10, 2, 24, norm_first=True),
-              (2, 6, 10)),
+             (blocks.EncoderLayer(10, 2, 24, norm_first=True),
+              encoder.ReferenceEncoderLayer(10, 2, 24, norm_first=True), (2, 6, 10)),
              (blocks.EncoderLayer(10, 2, 24), encoder.ReferenceEncoderLayer(10, 2, 24), (2, 6, 10))]
     for seed, (ours, reference, shape) in enumerate(pairs):
         randomize(reference.double(), seed).eval()

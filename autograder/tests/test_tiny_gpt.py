@@ -1,0 +1,97 @@
+"""The course's shipped tiny GPT (courselib/data/tiny_gpt): small, loadable the standard ways and into the
+course's own GPT class, as good as its build log says, writing stories of its corpus's kind, and rebuilt
+reproducibly from courselib/gpt.py."""
+import json
+import re
+
+import pytest
+import torch
+
+from courselib import gpt
+
+LOG = json.loads((gpt.MODEL_DIR / "training_log.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    torch.set_num_threads(1)
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    model, tokenizer = gpt.load_tiny_gpt()
+    return model, tokenizer
+
+
+def test_shipped_files_are_a_few_mb_of_safetensors_and_a_byte_level_bpe():
+    files = {p.name: p.stat().st_size for p in gpt.MODEL_DIR.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "training_log.json",
+            "README.md"} <= set(files), files
+    assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl")) for name in files), "weights ship as safetensors only"
+    total_mb = sum(files.values()) / 1e6
+    assert 1 < total_mb < 8, f"the tiny GPT should be a few MB, it is {total_mb:.1f} MB"
+    tokenizer_json = json.loads((gpt.MODEL_DIR / "tokenizer.json").read_text())
+    assert tokenizer_json["model"]["type"] == "BPE"
+    assert tokenizer_json["pre_tokenizer"]["type"] == "ByteLevel" and tokenizer_json["decoder"]["type"] == "ByteLevel"
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in gpt.MODEL_DIR.iterdir()), "every file readable by all"
+
+
+def test_loads_with_transformers_and_into_the_course_class(shipped):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+    model, tokenizer = shipped
+    hf = GPT2LMHeadModel.from_pretrained(gpt.MODEL_DIR).eval()
+    auto = AutoTokenizer.from_pretrained(gpt.MODEL_DIR)
+    assert hf.config.vocab_size == len(auto) == len(tokenizer) == LOG["vocab_size"]
+    assert auto.eos_token == gpt.EOS and auto.eos_token_id == hf.config.eos_token_id == 0
+    assert gpt.count_parameters(model) == sum(p.numel() for p in hf.parameters()) == LOG["parameters"] < 2_000_000
+    ids = auto(gpt.EOS + "Once upon a time, Lily had a fluffy kitten called Pepper.", return_tensors="pt").input_ids
+    assert auto.unk_token_id not in ids[0, 1:].tolist(), "byte-level: no unknown tokens"
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
+
+
+def test_held_out_perplexity_is_what_the_log_says(shipped):
+    model, tokenizer = shipped
+    held_out = gpt.held_out_windows(tokenizer, LOG["held_out"]["num_stories"], LOG["held_out"]["seed"])
+    assert len(held_out) == LOG["held_out"]["windows"]
+    measured = gpt.perplexity(model, held_out.split(64))
+    assert measured == pytest.approx(LOG["held_out"]["perplexity"], rel=1e-3), (
+        f"held-out perplexity {measured:.4f}, the build log says {LOG['held_out']['perplexity']}")
+    assert measured < 2.5, f"the shipped GPT should be well trained; its perplexity is {measured:.2f}"
+
+
+def test_samples_are_stories_made_of_the_corpus_words(shipped):
+    model, tokenizer = shipped
+    words = set(re.findall(r"[A-Za-z]+", " ".join(gpt.corpus(5000, seed=3))))
+    prompt = tokenizer(gpt.EOS + gpt.SAMPLE_PROMPT, return_tensors="pt").input_ids
+    for name, settings in gpt.SAMPLE_SETTINGS.items():
+        out = gpt.generate(model, prompt, 60, generator=torch.Generator().manual_seed(LOG["seed"]), **settings)
+        text = tokenizer.decode(out[0, 1:]).split(gpt.EOS)[0]
+        unknown = set(re.findall(r"[A-Za-z]+", text)) - words
+        assert not unknown, f"{name}: words the corpus never uses: {unknown} in {text!r}"
+        assert text.count(".") >= 2, f"{name}: expected whole sentences, got {text!r}"
+    greedy = gpt.generate(model, prompt, 60)
+    assert tokenizer.decode(greedy[0, 1:]).split(gpt.EOS)[0] == LOG["samples"]["greedy"]
+
+
+def test_generation_with_and_without_the_cache_agree(shipped):
+    model, tokenizer = shipped
+    prompt = tokenizer(gpt.EOS + "One day, Ben", return_tensors="pt").input_ids
+    assert torch.equal(gpt.generate(model, prompt, 30), gpt.generate(model, prompt, 30, use_cache=False))
+    with pytest.raises(ValueError, match="context window"):
+        gpt.generate(model, torch.zeros(1, model.max_positions, dtype=torch.long), 2)
+
+
+def test_rebuild_is_reproducible():
+    """Same seed: the same stories, the same tokenizer as shipped, the same first losses as recorded."""
+    stories = gpt.corpus(LOG["num_stories"], LOG["seed"])
+    assert stories[:100] == gpt.corpus(100, LOG["seed"])
+    tokenizer = gpt.train_tokenizer(stories)
+    shipped = json.loads((gpt.MODEL_DIR / "tokenizer.json").read_text())["model"]
+    rebuilt = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    assert rebuilt["vocab"] == shipped["vocab"] and rebuilt["merges"] == shipped["merges"], (
+        "the byte-level BPE trained on the corpus differs from the shipped one")
+    torch.set_num_threads(1)
+    _, losses = gpt.pretrain(tokenizer, stories, steps=LOG["steps"], seed=LOG["seed"], stop_after=3,
+                             **LOG["hyperparameters"])
+    # rel=1e-4, not equality: another number of threads sums in another order
+    assert losses == pytest.approx(LOG["first_losses"][:3], rel=1e-4), (
+        "a rebuild's first losses differ from those the shipped model recorded")
