@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 JOBS ?= 2
+# make grade SCHEDULER=tcp://host:8786: grade on an existing Dask cluster instead of JOBS local processes
+SCHEDULER ?=
 NB ?=
 SUBMISSIONS ?= autograder/demo_class
 
@@ -51,10 +53,10 @@ check: env  ## grade one notebook with hidden tests: make check NB=course/04_sel
 	@test -n "$(NB)" || { echo "usage: make check NB=path/to/notebook.ipynb"; exit 2; }
 	$(BIN)/python -m autograder check "$(NB)"
 
-grade: env  ## grade a class (default: the demo class): make grade SUBMISSIONS=folder-or-lms.zip JOBS=2
-	$(BIN)/python -m autograder grade "$(SUBMISSIONS)" --jobs $(JOBS)
+grade: env  ## grade a class (default: the demo class): make grade SUBMISSIONS=folder-or-lms.zip JOBS=2 | SCHEDULER=tcp://host:8786
+	$(BIN)/python -m autograder grade "$(SUBMISSIONS)" $(if $(SCHEDULER),--scheduler $(SCHEDULER),--jobs $(JOBS))
 
-grade-benchmark: env  ## grade the demo class serially and with JOBS=2 in one run, and compare
+grade-benchmark: env  ## grade the demo class serially, on a 2-process LocalCluster and on dask scheduler + 2 workers; compare, project
 	$(BIN)/python -m autograder.benchmark
 
 clean:  ## remove nbgrader's working folders (gradebook, submitted, autograded, feedback)

@@ -231,14 +231,12 @@ def normalise(folder, item):
 
 # ---------------------------------------------------------------------------------------- grading
 def tasks_for(root, pending, run_key, timeout, sandbox_mode, identity, packages, ledger):
-    """One cluster.Task per pending notebook, longest first, each with its hand-in's bytes."""
+    """One cluster.Task per pending notebook, longest first (its hand-in read when it is sent)."""
     estimates = expected_seconds(ledger)
     tasks = []
     for item in pending:
         folder = pathlib.Path(root) / "submitted" / item.student / item.assignment
-        files = {p.relative_to(folder).as_posix(): p.read_bytes()
-                 for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
-        tasks.append(cluster.Task(item.student, item.assignment, files, run_key, timeout, sandbox_mode,
+        tasks.append(cluster.Task(item.student, item.assignment, str(folder), run_key, timeout, sandbox_mode,
                                   identity["digest"], packages, estimates(item.assignment)))
     tasks.sort(key=lambda t: (-t.expected_seconds, t.student, t.assignment))
     return tasks
@@ -403,12 +401,16 @@ def grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode,
         print(f"grading {len(pending)} notebooks {engine.description}"
               + (f"; Dask dashboard: {engine.dashboard}" if engine.dashboard else ""), file=sys.stderr)
     progress = _progress_bar(len(tasks), quiet)
+    merging = 0.0  # the client's own time per result: the bound on how many workers one client can feed
     try:
         for outcome in engine.run(tasks):
+            start = time.perf_counter()
             record(ledger, root, items[(outcome.task.student, outcome.task.assignment)], outcome)
+            merging += time.perf_counter() - start
             progress(outcome.task.name)
     finally:
         progress.close()
+    return merging
 
 
 # ---------------------------------------------------------------------------------------- outputs
@@ -571,9 +573,9 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
     if pending:
         with engine:
             engine_seconds = time.perf_counter() - grade_start
-            grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode, quiet)
+            merge_seconds = grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode, quiet)
     else:
-        engine_seconds = 0.0
+        engine_seconds = merge_seconds = 0.0
     grading_seconds = time.perf_counter() - grade_start
 
     graded = sorted({i.assignment for i in items})
@@ -584,7 +586,7 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
     workers = getattr(engine, "workers", 1)
     summary = {"students": len(students), "already_graded": skipped, "notebooks_graded": notebooks,
                "grading_seconds": round(grading_seconds, 1),
-               "engine_start_seconds": round(engine_seconds, 1),
+               "engine_start_seconds": round(engine_seconds, 1), "merge_seconds": round(merge_seconds, 2),
                "seconds_per_notebook": round(grading_seconds / notebooks, 2) if notebooks else None,
                "notebooks_per_minute": round(60 * notebooks / grading_seconds, 2) if notebooks else None,
                "total_seconds": round(time.perf_counter() - started, 1), "jobs": jobs,

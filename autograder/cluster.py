@@ -13,8 +13,8 @@ Engines, one code path:
   `dask worker`, dask-jobqueue, the Dask Kubernetes operator). Workers are long-lived: torch and
   nbgrader are imported once per worker, not once per notebook.
 
-Before the first task every worker reports its course identity (digests of solutions/, autograder/,
-courselib/, the versions of the packages pinned in environment.yml, Python's version); a worker
+Before the first task every worker reports its course identity (digests of solutions/, autograder/
+but its tests/, demo_class/ and work/, courselib/, the versions of the packages pinned in environment.yml, Python's version); a worker
 that differs from this machine is refused (`CourseMismatch`, naming it and the difference), and every
 task checks again on its worker, for workers that join later. A worker that dies mid-task loses
 nothing: the scheduler runs the task elsewhere. A task whose workers die again and again (more than
@@ -44,8 +44,8 @@ import uuid
 from autograder.config import REPO_ROOT, nbgrader_config
 
 COURSE_FOLDERS = ("solutions", "autograder", "courselib")
-# Not the course: grading state (autograder/work/), caches, checkpoints.
-SKIPPED = {("autograder", "work")}
+# Not read by grading: its state (autograder/work/), the test suite and the demo class, caches.
+SKIPPED = {("autograder", "work"), ("autograder", "tests"), ("autograder", "demo_class")}
 SKIPPED_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache"}
 # A task is given up after this many of its workers died while running it (so it is tried one more
 # time than this). LocalCluster gets it here; an external scheduler needs it in its own configuration:
@@ -65,7 +65,7 @@ class SchedulerLost(RuntimeError):
 
 # ------------------------------------------------------------------------------ the course's identity
 def course_manifest(root=REPO_ROOT):
-    """{path: sha256[:16]} of every file of the course folders (what grading reads)."""
+    """{path: sha256[:16]} of every file of the course folders that grading reads."""
     root = pathlib.Path(root)
     files = {}
     for folder in COURSE_FOLDERS:
@@ -161,17 +161,28 @@ class Task:
     """One student's notebook to grade, with everything the worker needs."""
     student: str
     assignment: str
-    files: dict            # path inside the hand-in folder -> bytes
+    folder: str            # the hand-in, on the client: read into `files` just before the task is sent
     run_key: str           # the course folder's key for the hidden tests (autograder/judging.py)
     cell_timeout: int
     sandbox: str           # GuardedExecute.sandbox: "required" (course default), "preferred" or "off"
     identity: str          # the client's course identity digest
     packages: list
     expected_seconds: float = 0.0
+    files: dict = None     # path inside the hand-in folder -> bytes
 
     @property
     def name(self):
         return f"{self.student}/{self.assignment}"
+
+    def with_files(self):
+        """This task with its hand-in's bytes (read at the last moment: a class of thousands never
+        sits in the client's memory at once)."""
+        if self.files is not None:
+            return self
+        folder = pathlib.Path(self.folder)
+        files = {p.relative_to(folder).as_posix(): p.read_bytes()
+                 for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+        return dataclasses.replace(self, files=files)
 
 
 _ONE_AT_A_TIME = threading.Lock()  # environment and stderr are per process: a worker with more threads waits
@@ -236,8 +247,9 @@ def _grade(task, work):
 
     autograded = work / "autograded" / task.student / task.assignment
     feedback = work / "feedback" / task.student / task.assignment
-    if result["success"] and list(autograded.glob("*.ipynb")):
-        with contextlib.redirect_stdout(None), grading.kernel_stderr_to(work / "feedback.log"):
+    if list(autograded.glob("*.ipynb")):  # what nbgrader's feedback shows, failures included
+        with contextlib.redirect_stdout(None), grading.kernel_stderr_to(work / "feedback.log"), \
+                contextlib.suppress(Exception):  # no HTML: the client's outputs step tries again
             api.generate_feedback(task.assignment, task.student)
     return {"student": task.student, "assignment": task.assignment, "seconds": seconds, "error": error,
             "submission": submission,
@@ -305,7 +317,7 @@ class Serial:
     def run(self, tasks):
         for task in tasks:
             try:
-                yield Outcome(task, result=grade_task(task))
+                yield Outcome(task, result=grade_task(task.with_files()))
             except CourseMismatch:
                 raise
             except Exception as error:  # the grader itself failed on this notebook: it scores 0, the class goes on
@@ -428,7 +440,7 @@ class Dask:
             task = queue.pop(0)
             key = f"grade-{task.student}-{task.assignment}-{uuid.uuid4().hex[:8]}"
             try:
-                future = self.client.submit(grade_task, task, key=key, pure=False, retries=0,
+                future = self.client.submit(grade_task, task.with_files(), key=key, pure=False, retries=0,
                                             priority=int(task.expected_seconds * 10))
             except Exception as error:
                 raise self._lost(error) from None
@@ -441,8 +453,12 @@ class Dask:
             task = by_key.pop(future.key)
             try:
                 outcome = Outcome(task, result=future.result())
-            except CourseMismatch:
-                raise
+            except CourseMismatch as error:
+                raise CourseMismatch(
+                    f"{error}. A worker that joined during the run (or was restarted) found another course "
+                    "than the one checked at the start: files changed on its machine or on this one while "
+                    "grading. The notebooks merged so far are in the ledger; make every checkout the same "
+                    "and run the same command again.") from None
             except KilledWorker as error:
                 outcome = Outcome(task, error=(
                     f"grading this notebook stopped {error.allowed_failures + 1} Dask workers in a row (each "

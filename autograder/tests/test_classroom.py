@@ -18,6 +18,9 @@ from autograder import classroom, demo
 from autograder.grading import max_score
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
+# The whole demo class, graded serially here and through a scheduler in test_cluster.py, is compared
+# test by test: its cells get more time, so that a loaded machine never cuts a correct import cell.
+DEMO_TIMEOUT = 30
 # Students whose cases cover a crash, tampering, damaged cells, partial and noisy work.
 SMALL_CLASS = ["ben", "gia", "ivy", "lia", "quy"]
 
@@ -40,7 +43,7 @@ def graded_demo(tmp_path_factory):
     with open(shared / "demo-class.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not saved.exists():
-            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=1, cell_timeout=TIMEOUT, quiet=True)
+            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=1, cell_timeout=DEMO_TIMEOUT, quiet=True)
             saved.write_text(json.dumps(summary))
     return root, json.loads(saved.read_text()), classroom.Ledger(root / classroom.LEDGER)
 
