@@ -159,7 +159,9 @@ EXPECTED = {
     ("max", A01): ("partial", "a class defined in your notebook"),
     ("nia", A04): ("zero", "input transformers (cleanup) was changed"),
     ("oto", A04): ("zero", "custom exception handler was changed"),
-    ("pia", A04): ("zero", "refused: opening"),
+    # In the OS sandbox the solutions and the gradebook are not there to open (unsandboxed, the guard
+    # refuses them); either way her code is flagged for review.
+    ("pia", A04): ("zero", "refers to the grader's files"),
     ("quy", A04): ("full", None),
 }
 
