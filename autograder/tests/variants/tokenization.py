@@ -291,6 +291,59 @@ MUTANTS = [
                         [2, 162, 35, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
     return {"input_ids": ids, "attention_mask": (ids != 0).long()}
 """)}, loses=("bert_encode_batch_shapes",), message="shape"),
+    # ---- answers taken from an oracle or a course reference, by routes that patching the library
+    # during the test cannot see: a reference captured when the cell runs, before any test, or a
+    # wrapper. The watch sees the call itself, so each is refused and flagged for review.
+    Variant("train_bpe_trainer_captured_before_the_tests", {TRAIN: """
+import json
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+
+_train_from_iterator = Tokenizer.train_from_iterator   # captured now, before the tests run
+
+""" + train("""
+    tokenizer = Tokenizer(BPE(end_of_word_suffix="</w>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    _train_from_iterator(tokenizer, corpus, trainers.BpeTrainer(vocab_size=100_000, min_frequency=0,
+                                                                show_progress=False, end_of_word_suffix="</w>"))
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges][:num_merges]
+""")}, loses=("train_bpe_stays_inside_words",), message="flagged for review"),
+    # Model.tokenize is compiled and inherited: called on a BPE, the watch sees it as BPE.tokenize.
+    Variant("encode_with_model_tokenize_captured_before_the_tests", {ENCODE: """
+_tokenize = BPE.tokenize   # the compiled Model.tokenize, captured now
+
+""" + encode("""
+    symbols = set(word) | {c + "</w>" for c in word}
+    for left, right in merges:
+        symbols |= {left, right, left + right}
+    model = BPE(vocab={s: i for i, s in enumerate(sorted(symbols))}, merges=list(merges), end_of_word_suffix="</w>")
+    return [token.value for token in _tokenize(model, word)]
+""")}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
+            message="flagged for review"),
+    # The hidden checks' module is importable in the kernel too: its reference code is no answer either.
+    Variant("encode_with_the_hidden_checks_reference", {ENCODE: """
+from autograder.checks.tokenization import _by_rank
+
+""" + encode("""
+    return _by_rank(list(word[:-1]) + [word[-1] + "</w>"], merges)
+""")}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
+            message="flagged for review"),
+    Variant("wordpiece_from_transformers_legacy_python", {WORDPIECE: """
+from transformers.models.bert.tokenization_bert_legacy import WordpieceTokenizer as _Wordpiece
+
+""" + wordpiece("""
+    return _Wordpiece(vocab=vocab, unk_token=unk_token).tokenize(word)
+""")}, loses=("wordpiece_continuation_prefix", "wordpiece_longest_match_first", "wordpiece_unknown_words"),
+            message="flagged for review"),
+    # A wrapper around the course's own BERT pre-tokenizer (courselib.tiny_bert.words_of).
+    Variant("bert_split_by_a_wrapper_around_the_course_reference", {BERT: bert_pipeline().replace(SPLIT_WORDS, """
+from courselib.tiny_bert import words_of as _words_of
+
+def split_words(text):
+    return list(_words_of([text]))
+""")},
+            loses=("bert_encode_batch_shapes", "bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"),
+            message="flagged for review"),
 ]
 
 
