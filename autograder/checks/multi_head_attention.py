@@ -38,8 +38,9 @@ SPLIT_SHORTCUTS = ["courselib.attention.split_heads"]
 MERGE_SHORTCUTS = ["courselib.attention.merge_heads"]
 MHA_SHORTCUTS = ["courselib.attention.MultiHeadAttention"]
 TORCH_MHA = ["torch.nn.MultiheadAttention.forward", "torch.nn.functional.multi_head_attention_forward"] + MHA_SHORTCUTS
-TORCH_MHA_ADVICE = ("torch.nn.MultiheadAttention is the oracle the tests compare with; "
-                    "build the heads from q_proj, k_proj, v_proj and out_proj yourself.")
+TORCH_MHA_ADVICE = ("torch.nn.MultiheadAttention is the oracle the tests compare with and the course's "
+                    "MultiHeadAttention the reference; build the heads from q_proj, k_proj, v_proj and out_proj "
+                    "yourself.")
 NOT_CONTIGUOUS_ADVICE = ("After a transpose the tensor is no longer contiguous in memory, so .view() "
                          "cannot merge its dimensions: use .reshape(...) (or .contiguous().view(...)).")
 
