@@ -14,9 +14,10 @@ Engines, one code path:
   nbgrader are imported once per worker, not once per notebook.
 
 Before the first task every worker reports its course identity (digests of solutions/, autograder/
-but its tests/, demo_class/ and work/, courselib/, the versions of the packages pinned in environment.yml, Python's version); a worker
-that differs from this machine is refused (`CourseMismatch`, naming it and the difference), and every
-task checks again on its worker, for workers that join later. A worker that dies mid-task loses
+but its tests/, demo_class/ and work/, courselib/; the versions of the packages pinned in
+environment.yml; Python's version) and whether it can sandbox kernels; a worker that differs from
+this machine is refused (`CourseMismatch`, naming it and the files or versions that differ), and
+every task checks again on its worker, for workers that join later. A worker that dies mid-task loses
 nothing: the scheduler runs the task elsewhere. A task whose workers die again and again (more than
 ALLOWED_WORKER_DEATHS times: the scheduler's `distributed.scheduler.allowed-failures`) becomes that
 notebook's error. A scheduler that goes away ends the run with `SchedulerLost`.
@@ -352,6 +353,8 @@ class Dask:
                 self.address = self.cluster.scheduler_address
         except OSError as error:
             self.__exit__(None, None, None)
+            if not self.scheduler:
+                raise
             raise SchedulerLost(f"cannot reach the Dask scheduler at {self.scheduler}: {error}") from None
         except BaseException:
             self.__exit__(None, None, None)
