@@ -343,7 +343,8 @@ class Dask:
                 self.address = self.scheduler
             else:
                 self.scratch = tempfile.mkdtemp(prefix="dask-")
-                with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_WORKER_DEATHS}):
+                with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_WORKER_DEATHS,
+                                      "temporary-directory": self.scratch}):  # nannies' locks too
                     self.cluster = LocalCluster(local_directory=self.scratch,
                         n_workers=self.jobs, threads_per_worker=1, processes=True,
                         host="127.0.0.1", dashboard_address=":0",  # a free port: never 8787's neighbours
