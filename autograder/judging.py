@@ -77,7 +77,7 @@ def load_checks_in_background(refs):
 
 def resolve_check(ref):
     """The Check object, or None for a check written in the older in-kernel style."""
-    from autograder.checks.common import Check, resolve
+    from autograder.checks.common import resolve
     try:
         return resolve(ref)
     except LookupError:

@@ -103,8 +103,10 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
         return ok
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
-        if not self.sandboxed():
-            return await super()._async_launch_kernel(kernel_cmd, **kw)
+        if not self.sandboxed():  # the grader's environment, less the hidden tests' key
+            from autograder.judging import RUN_KEY_ENV
+            env = {name: value for name, value in (kw.get("env") or os.environ).items() if name != RUN_KEY_ENV}
+            return await super()._async_launch_kernel(kernel_cmd, **{**kw, "env": env})
         folder = pathlib.Path(self.connection_file).parent
         if folder.parent != private_socket_folder():
             raise sandbox.SandboxError(f"a sandboxed kernel keeps its connection file in a private folder of "

@@ -239,6 +239,40 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     return result
 
 
+class _Attempt:
+    """`fn(*args)` for `call`, with the exception it raises as its result (where raising may be the
+    right answer). It carries fn's globals, so that `call` swaps helpers into the student's namespace."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        if hasattr(fn, "__globals__"):
+            self.__globals__ = fn.__globals__
+
+    def __call__(self):
+        try:
+            return ("returned", self.fn(*self.args, **self.kwargs))
+        except (NotImplementedError, Forbidden):
+            raise
+        except Exception as error:  # the judge decides whether this was the right exception
+            return ("raised", error)
+
+
+def attempt(fn, *args, name, forbidden=(), forbidden_advice="", helpers=None, **kwargs):
+    """Probe side, where raising may be the right answer: what `fn(*args)` did, as data:
+    {"error": None or the exception's type name, "value_error": bool, "message": str,
+    "shape": the result's shape or None}."""
+    kind, value = call(_Attempt(fn, args, kwargs), name=name, forbidden=forbidden,
+                       forbidden_advice=forbidden_advice, helpers=helpers)
+    if kind == "raised":
+        return {"error": type(value).__name__, "value_error": isinstance(value, ValueError),
+                "message": str(value), "shape": None}
+    try:
+        shape = tuple(int(n) for n in value.shape)
+    except (AttributeError, TypeError, ValueError):
+        shape = None
+    return {"error": None, "value_error": False, "message": "", "shape": shape}
+
+
 def describe(value):
     if hasattr(value, "shape"):
         return f"{type(value).__name__} of shape {tuple(value.shape)}"
@@ -262,24 +296,44 @@ def _op_name(func):
     return name.split("::")[-1].split(".")[0].lstrip("_")
 
 
-def _resolve(dotted):
+@functools.lru_cache(maxsize=None)
+def _resolve_parent(dotted):
+    """(the object that holds the last name of `dotted`, that name): imported once per process."""
     parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
-        for part in parts[cut:]:
+        for part in parts[cut:-1]:
             obj = getattr(obj, part)
-        return obj
+        return obj, parts[-1]
     raise ImportError(dotted)
 
 
-def _c_names(obj):
-    """Qualified names of a compiled callable, or of every method of a compiled class (tokenizers)."""
+def _resolve(dotted):
+    parent, name = _resolve_parent(dotted)
+    return getattr(parent, name)
+
+
+def _subclasses(cls):
+    found = []
+    for subclass in cls.__subclasses__():
+        found += [subclass, *_subclasses(subclass)]
+    return found
+
+
+def _c_names(obj, owner=None):
+    """Qualified names of a compiled callable, or of every method of a compiled class (tokenizers),
+    as they arrive at the profile hook: a method inherited by a subclass is called as `Sub.method`."""
     if isinstance(obj, type):
-        return {f"{obj.__qualname__}.{name}" for name, value in vars(obj).items() if callable(value)}
-    return {getattr(obj, "__qualname__", repr(obj))}
+        return {f"{cls.__qualname__}.{name}" for cls in (obj, *_subclasses(obj))
+                for name, value in vars(obj).items() if callable(value)}
+    name = getattr(obj, "__qualname__", repr(obj))
+    if isinstance(owner, type):
+        method = name.rpartition(".")[2]
+        return {name, *(f"{cls.__qualname__}.{method}" for cls in _subclasses(owner))}
+    return {name}
 
 
 def _code_objects(obj):
@@ -309,7 +363,7 @@ class Watch(TorchFunctionMode):
             codes = _code_objects(obj)
             self.codes.update({code: dotted for code in codes})
             if not codes and not dotted.startswith("torch."):
-                self.c_names.update({name: dotted for name in _c_names(obj)})
+                self.c_names.update({name: dotted for name in _c_names(obj, _resolve_parent(dotted)[0])})
         self.findings = []
         self._trusted = 0
         self._profiler = None
@@ -342,7 +396,9 @@ class Watch(TorchFunctionMode):
         if event == "call":
             code = frame.f_code
             if code in self.codes:
-                self.note(f"used the course's reference {self.codes[code]}")
+                dotted = self.codes[code]
+                self.note(f"used the course's reference {dotted}" if dotted.startswith("courselib.")
+                          else f"called {dotted}")
             elif code is self._thread_start:
                 self.note("started a thread (where the grader cannot watch it)")
         elif event == "c_call":
@@ -369,7 +425,10 @@ class Watch(TorchFunctionMode):
     def __enter__(self):
         self._patches = contextlib.ExitStack()
         for dotted in self.forbidden:  # the plain route, refused with the exercise's advice
-            self._patches.enter_context(unittest.mock.patch(dotted, self._refuse_and_note(dotted)))
+            parent, name = _resolve_parent(dotted)
+            if isinstance(getattr(parent, name), type) and _code_objects(getattr(parent, name)):
+                continue  # a Python class stays a class (its methods are watched by their code)
+            self._patches.enter_context(unittest.mock.patch.object(parent, name, self._refuse_and_note(dotted)))
         self._profiler, self._closing = self._profile, False
         self._previous = sys.getprofile()
         sys.setprofile(self._profiler)
@@ -442,6 +501,6 @@ def expect_tensor(value, name):
     return value
 
 
-__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "call", "describe", "expect_close",
+__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "attempt", "call", "describe", "expect_close",
            "expect_shape", "expect_tensor", "generator", "matches", "probe", "quiet",
            "reference_globals", "resolve", "to_numpy"]

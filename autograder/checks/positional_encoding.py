@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import Forbidden, call, expect_close, expect_shape, probe, quiet, to_numpy
+from autograder.checks.common import attempt, call, expect_close, expect_shape, probe, quiet, to_numpy
 
 PE_NAME = "sinusoidal_positional_encoding"
 SHIFT_NAME = "relative_shift_matrix"
@@ -31,40 +31,6 @@ LEARNED_NAME = "LearnedPositionalEmbedding"
 LIBRARY_SHORTCUTS = ["transformers.models.xlm.modeling_xlm.create_sinusoidal_embeddings",
                      "transformers.models.distilbert.modeling_distilbert.create_sinusoidal_embeddings",
                      "transformers.models.distilbert.modeling_distilbert._create_sinusoidal_embeddings"]
-
-
-# ---------------------------------------------------------------- raising as data (probe and judge)
-class _Attempt:
-    """`fn(*args)` for `call`, with the exception it raises as its result (here raising may be the right
-    answer). It carries fn's globals, so that `call` swaps helpers into the student's namespace."""
-
-    def __init__(self, fn, args, kwargs):
-        self.fn, self.args, self.kwargs = fn, args, kwargs
-        if hasattr(fn, "__globals__"):
-            self.__globals__ = fn.__globals__
-
-    def __call__(self):
-        try:
-            return ("returned", self.fn(*self.args, **self.kwargs))
-        except (NotImplementedError, Forbidden):
-            raise
-        except Exception as error:  # the judge decides whether this was the right exception
-            return ("raised", error)
-
-
-def attempt(fn, *args, name, forbidden=(), forbidden_advice="", helpers=None, **kwargs):
-    """Probe side: what `fn(*args)` did, as data: {"error": None or the exception's type name,
-    "value_error": bool, "message": str, "shape": the result's shape or None}."""
-    kind, value = call(_Attempt(fn, args, kwargs), name=name, forbidden=forbidden,
-                       forbidden_advice=forbidden_advice, helpers=helpers)
-    if kind == "raised":
-        return {"error": type(value).__name__, "value_error": isinstance(value, ValueError),
-                "message": str(value), "shape": None}
-    try:
-        shape = tuple(int(n) for n in value.shape)
-    except (AttributeError, TypeError, ValueError):
-        shape = None
-    return {"error": None, "value_error": False, "message": "", "shape": shape}
 
 
 # ---------------------------------------------------------------- oracles

@@ -12,7 +12,8 @@ import nbformat
 import pytest
 
 from autograder import demo
-from autograder.grading import autograde, max_score, runaway_notes
+from autograder.grading import autograde, max_score, runaway_notes, stretch_points
+from autograder.judging import RUN_KEY_ENV
 from autograder.submissions import student_notebook
 from autograder.tests.conftest import scores_by_test
 from autograder.tests.variants import self_attention as attention
@@ -240,8 +241,18 @@ for _ in range(200):
 @pytest.mark.parametrize("kind", sorted(FLOODS))
 def test_output_floods_are_capped_per_notebook_whatever_the_message(kind):
     autograded, grades, errors = autograde(demo.with_cell(student_notebook(A04), FLOODS[kind]), A04)
-    assert errors == [] and sum(grades.values()) == max_score(A04), \
+    assert errors == [] and sum(grades.values()) == max_score(A04) + stretch_points(A04), \
         f"the honest answers beside the flood must keep their points: {grades} {errors}"
     assert any("printed too much" in note for note in runaway_notes(autograded))
     size = len(nbformat.writes(autograded))
     assert size < 6_000_000, f"the autograded notebook is {size:,} bytes: the output cap was bypassed"
+
+
+@pytest.mark.parametrize("sandbox_mode", ["required", "off"])
+def test_the_run_key_never_reaches_the_kernel(sandbox_mode, monkeypatch):
+    """With the key, a kernel could derive every cell's token and precompute the hidden inputs."""
+    monkeypatch.setenv(RUN_KEY_ENV, "a key the kernel must not see")
+    looks = "import os\nprint('KEY SEEN' if any('must not see' in v for v in os.environ.values()) else 'no key')"
+    autograded, _, errors = autograde(demo.with_cell(student_notebook(A04), looks), A04, sandbox_mode=sandbox_mode)
+    printed = [o.get("text", "") for c in autograded.cells if c.get("id") == "student-extra-cell" for o in c.outputs]
+    assert printed == ["no key\n"], printed
