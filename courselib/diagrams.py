@@ -4,6 +4,7 @@
     diagrams.qkv_projections()        # 04: where Q, K and V come from
     diagrams.head_split()             # 05: (B, T, d_model) -> (B, h, T, d_head)
     diagrams.encoder_decoder()        # 06, 10: encoder, decoder and the cross-attention arrows
+    diagrams.encoder_decoder_stack()  # 10: the memory read by every decoder layer's cross-attention
     diagrams.post_ln_vs_pre_ln()      # 07: the two places a LayerNorm can sit
     diagrams.decoder_only_block()     # 09: GPT's pre-LN causal block and the residual stream
 
@@ -151,6 +152,32 @@ def encoder_decoder(ax=None):
              (48, 30, "residual + LayerNorm\naround every sublayer")]
     return draw(boxes, arrows, "Encoder–decoder: cross-attention joins the two stacks", ax=ax, size=(8, 7),
                 notes=notes)
+
+
+def encoder_decoder_stack(num_layers=2, ax=None):
+    """10: N encoder layers, then one memory that every one of the N decoder layers reads (one cross-attention
+    arrow per decoder layer), and the output head."""
+    step = 62 / num_layers
+    boxes = [Box("src", 22, 4, "source ids (B, S)", "input"), Box("src_emb", 22, 15, "embed + src_positions", "embedding", 26),
+             Box("tgt", 75, 4, "[BOS] + target (shifted right)", "input", 30),
+             Box("tgt_emb", 75, 15, "embed + tgt_positions", "embedding", 26)]
+    arrows = [("src", "src_emb"), ("tgt", "tgt_emb")]
+    below_enc, below_dec = "src_emb", "tgt_emb"
+    for i in range(num_layers):
+        y = 27 + i * step
+        boxes += [Box(f"enc{i}", 22, y + step / 4, f"encoder layer {i + 1}\nself-attention, feed-forward", "attention", 28,
+                      step / 2),
+                  Box(f"self{i}", 75, y, f"decoder layer {i + 1}: masked self-attention", "attention", 38, step / 4),
+                  Box(f"cross{i}", 75, y + step / 3, "cross-attention", "cross", 38, step / 4),
+                  Box(f"ffn{i}", 75, y + 2 * step / 3, "feed-forward", "ffn", 38, step / 4)]
+        arrows += [(below_enc, f"enc{i}"), (below_dec, f"self{i}"), (f"self{i}", f"cross{i}"), (f"cross{i}", f"ffn{i}")]
+        below_enc, below_dec = f"enc{i}", f"ffn{i}"
+    boxes += [Box("memory", 22, 94, "encoder_norm → memory (B, S, d)", "output", 34),
+              Box("head", 75, 94, "decoder_norm → head → logits", "output", 34)]
+    arrows += [(below_enc, "memory"), (below_dec, "head")]
+    arrows += [("memory", f"cross{i}", "keys, values" if i == 0 else "", "cross") for i in range(num_layers)]
+    notes = [(22, 100, "encoder: runs once per source"), (75, 100, "decoder: runs once per output token")]
+    return draw(boxes, arrows, "", ax=ax, size=(9, 8), limits=((0, 100), (-2, 103)), notes=notes)
 
 
 def _sublayer_column(x, pre_ln, prefix):

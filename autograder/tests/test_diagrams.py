@@ -12,6 +12,8 @@ PROMISES = {
     "qkv_projections": ["X W_Q", "X W_K", "X W_V", "√d_k", "softmax"],
     "head_split": ["head 0", "d_head", ".transpose(1, 2)", "(B, h, T, d_head)"],
     "encoder_decoder": ["cross-attention", "encoder output", "shifted right", "keys, values", "causal"],
+    "encoder_decoder_stack": ["decoder layer 2: masked self-attention", "cross-attention", "memory (B, S, d)",
+                              "keys, values", "shifted right", "runs once per source"],
     "post_ln_vs_pre_ln": ["post-LN", "pre-LN", "LayerNorm", "residual"],
     "decoder_only_block": ["causal self-attention", "tied", "residual stream", "final LayerNorm"],
 }
