@@ -1,30 +1,56 @@
-"""Hidden checks for 07_encoder. Each public function is one grade cell's hidden part.
+"""Hidden checks for 07_encoder. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape and structure first, then values on seeded random inputs
-against independent oracles (`torch.nn.LayerNorm`, `torch.nn.TransformerEncoderLayer`,
-`transformers.BertModel`), then behaviour (padding, position-wise, training accuracy).
+Each has a probe (in the student's kernel: build the student's module, load weights the check chose,
+run it on seeded inputs, return what came out) and a judge (in the grader: rebuild the same weights
+and inputs, run the oracle, compare, name the misconception). Layered as the course's tests are:
+shape and structure first, then values against independent oracles (`torch.nn.LayerNorm`,
+`torch.nn.TransformerEncoderLayer`, `transformers.BertModel`, all run by the judges only), then
+behaviour (padding, position-wise, training accuracy).
 
-Every exercise is graded on its own: where one class builds another (`EncoderLayer` builds a
-`LayerNorm` and a `FeedForward`, `MiniBert` builds `EncoderLayer`s), the reference classes below are
-swapped into the student's namespace while their class is constructed (see `build`), and
-`load_hf_bert_weights` is graded on a reference `MiniBert`. Seeds here are never used by the
-visible tests.
+Weights are drawn from the seeds by parameter name (`seeded_weights`), in an order the check fixes,
+and loaded into the student's module by the names the exercise asks for (`load_weights`): the judge
+draws the same tensors and loads them into its oracle. Every exercise is graded on its own: where one
+class builds another (`EncoderLayer` builds a `LayerNorm` and a `FeedForward`, `MiniBert` builds
+`EncoderLayer`s), the reference classes below are swapped into the student's namespace while their
+class is constructed (see `build`), and `load_hf_bert_weights` is graded on a reference `MiniBert`.
+The seeds come from the grader's per-run token, so they are never the visible tests' inputs.
 """
 import inspect
 import math
+import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, quiet, reference_globals
+from autograder.checks.common import (call, expect_close, expect_shape, expect_tensor, probe, quiet,
+                                      reference_globals)
 from courselib.attention import MultiHeadAttention, padding_mask
 
-LAYER_NORM_SHORTCUTS = ["torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm"]
+EARLIER = "(This test uses reference versions of your other classes, so only this exercise is graded here.)"
+
+# ---------------------------------------------------------------- what the watch refuses, per exercise
+# Each list names the oracles and the course's reference versions that would answer the exercise
+# (courselib.blocks holds the references later notebooks import; this module holds the ones swapped in
+# below). Helpers that the check itself swaps in for *other* exercises are never on an exercise's list.
+HF_BERT = "transformers.models.bert.modeling_bert"
+FEED_FORWARD_SHORTCUTS = ["courselib.blocks.FeedForward", f"{__name__}.ReferenceFeedForward"]
+FEED_FORWARD_ADVICE = ("write the feed-forward sublayer yourself (linear1, GELU, linear2); the course's "
+                       "reference FeedForward is what your answer is compared with.")
+LAYER_NORM_SHORTCUTS = ["torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm",
+                        "courselib.blocks.LayerNorm", f"{__name__}.ReferenceLayerNorm"]
 LAYER_NORM_ADVICE = ("compute the mean and the variance yourself; torch's layer_norm (and nn.LayerNorm, "
                      "which calls it) is the oracle here, not the answer.")
-EARLIER = "(This test uses reference versions of your other classes, so only this exercise is graded here.)"
+ENCODER_LAYER_SHORTCUTS = ["torch.nn.TransformerEncoderLayer", "torch._transformer_encoder_layer_fwd",
+                           f"{HF_BERT}.BertLayer", "courselib.blocks.EncoderLayer",
+                           f"{__name__}.ReferenceEncoderLayer"]
+ENCODER_LAYER_ADVICE = ("assemble the layer from self_attn, ffn, norm1 and norm2 yourself; torch's "
+                        "TransformerEncoderLayer is the oracle here, not the answer.")
+MINIBERT_SHORTCUTS = [f"{HF_BERT}.BertModel", f"{HF_BERT}.BertEmbeddings", f"{HF_BERT}.BertEncoder",
+                      f"{__name__}.ReferenceMiniBert"]
+MINIBERT_ADVICE = ("build the embeddings and run your stack of layers yourself; transformers' BertModel is "
+                   "the oracle here, not the answer.")
 
 
 # ---------------------------------------------------------------- reference classes, swapped in
@@ -95,22 +121,23 @@ REFERENCE_CLASSES = {"LayerNorm": ReferenceLayerNorm, "FeedForward": ReferenceFe
                      "EncoderLayer": ReferenceEncoderLayer}
 
 
-# ---------------------------------------------------------------- harness
-def build(cls, *args, name, helpers=None, **kwargs):
+# ---------------------------------------------------------------- probe-side harness
+def build(cls, *args, name, helpers=None, forbidden=(), advice="", **kwargs):
     """Instantiate the student's class quietly, with reference classes swapped into its namespace."""
     if not isinstance(cls, type) or not issubclass(cls, nn.Module):
         raise AssertionError(f"{name} should be a class deriving from nn.Module, but it is a "
                              f"{type(cls).__name__}.")
     own_function = next((f for f in vars(cls).values() if inspect.isfunction(f)), None)
-    with reference_globals(own_function, **(helpers or {})):
-        module = call(cls, *args, name=name, **kwargs)
+    with reference_globals(own_function, **(helpers or {})), torch.random.fork_rng(devices=[]):
+        # fork_rng: the check's modules leave the notebook's random numbers as they were
+        module = call(cls, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
     return module.eval()
 
 
-def run(module, *args, name, **kwargs):
+def run(module, *args, name, forbidden=(), advice="", **kwargs):
     """module(*args) quietly, without gradients; the result must be a tensor."""
     with torch.no_grad():
-        result = call(module, *args, name=name, **kwargs)
+        result = call(module, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
     if not torch.is_tensor(result):
         raise AssertionError(f"{name} should return a tensor, but it returned {type(result).__name__}.")
     return result
@@ -128,18 +155,70 @@ def submodule(module, path, owner, expected):
     return found
 
 
-def randomize(module, generator_, scale=1.0, norm_noise=0.3):
-    """Random weights, and LayerNorm weights away from 1 and 0, so that no two tensors are alike."""
+def load_weights(module, weights, owner, expected):
+    """Copy the check's weights into the student's module, by the parameter names the exercise asks for."""
+    params = dict(module.named_parameters())
     with torch.no_grad():
-        for name, param in module.named_parameters():
-            if param.dim() == 1 and ("norm" in name.lower() or "layernorm" in name.lower()):
-                base = 1.0 if name.endswith("weight") else 0.0
-                param.copy_(base + norm_noise * torch.randn(param.shape, generator=generator_))
-            else:
-                fan_in = param.shape[-1] if param.dim() > 1 else 1
-                std = scale / math.sqrt(fan_in) if param.dim() > 1 else 0.3 * scale
-                param.copy_(std * torch.randn(param.shape, generator=generator_))
+        for name, value in weights.items():
+            param = params.get(name)
+            if param is None:
+                raise AssertionError(f"{owner} has no parameter `{name}`: the exercise asks for {expected}. "
+                                     f"Its parameters are: {', '.join(params) or 'none'}.")
+            if tuple(param.shape) != tuple(value.shape):
+                raise AssertionError(f"{owner}.{name} has shape {tuple(param.shape)}; the exercise's sizes give "
+                                     f"{tuple(value.shape)}.")
+            param.copy_(value)
     return module
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+# ---------------------------------------------------------------- weights the checks choose (both sides)
+def seeded_weights(g, shapes, scale=1.0, norm_noise=0.3):
+    """{name: float64 tensor} drawn from g in the order given: LayerNorm gains near 1 and shifts near 0
+    (vectors whose name says norm), matrices with std scale/√fan_in, other vectors with std 0.3·scale,
+    so that no two tensors are alike."""
+    weights = {}
+    for name, shape in shapes:
+        noise = torch.randn(shape, generator=g, dtype=torch.float64)
+        if len(shape) == 1 and "norm" in name.lower():
+            weights[name] = (1.0 if name.endswith("weight") else 0.0) + norm_noise * noise
+        elif len(shape) > 1:
+            weights[name] = scale / math.sqrt(shape[-1]) * noise
+        else:
+            weights[name] = 0.3 * scale * noise
+    return weights
+
+
+def linear_shapes(prefix, d_in, d_out):
+    return [(f"{prefix}.weight", (d_out, d_in)), (f"{prefix}.bias", (d_out,))]
+
+
+def feed_forward_shapes_of(d_model, d_ff, prefix=""):
+    return linear_shapes(f"{prefix}linear1", d_model, d_ff) + linear_shapes(f"{prefix}linear2", d_ff, d_model)
+
+
+def layer_norm_shapes(d_model, prefix=""):
+    return [(f"{prefix}weight", (d_model,)), (f"{prefix}bias", (d_model,))]
+
+
+def encoder_layer_shapes(d_model, d_ff, prefix=""):
+    shapes = []
+    for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        shapes += linear_shapes(f"{prefix}self_attn.{projection}", d_model, d_model)
+    shapes += feed_forward_shapes_of(d_model, d_ff, prefix=f"{prefix}ffn.")
+    return shapes + layer_norm_shapes(d_model, f"{prefix}norm1.") + layer_norm_shapes(d_model, f"{prefix}norm2.")
+
+
+def minibert_shapes(vocab_size, d_model, num_layers, num_heads, d_ff, max_positions, type_vocab_size=2):
+    shapes = [("token_embeddings.weight", (vocab_size, d_model)),
+              ("position_embeddings.weight", (max_positions, d_model)),
+              ("segment_embeddings.weight", (type_vocab_size, d_model))] + layer_norm_shapes(d_model, "embedding_norm.")
+    for i in range(num_layers):
+        shapes += encoder_layer_shapes(d_model, d_ff, prefix=f"layers.{i}.")
+    return shapes
 
 
 # ---------------------------------------------------------------- exercise 1: FeedForward
@@ -150,53 +229,95 @@ def _linear(module, name, d_in, d_out):
     return layer
 
 
-def feed_forward_shapes(FeedForward):
-    ffn = build(FeedForward, 12, 40, name="FeedForward(12, 40)")
-    _linear(ffn, "linear1", 12, 40)
-    _linear(ffn, "linear2", 40, 12)
-    count = sum(p.numel() for p in ffn.parameters())
-    if count != 2 * 12 * 40 + 40 + 12:
-        raise AssertionError(f"FeedForward(12, 40) has {count} parameters; two linear layers with biases "
-                             f"have 2·12·40 + 40 + 12 = {2 * 12 * 40 + 52}. Is there an extra layer?")
-    g = generator(7101)
-    for shape in [(2, 5, 12), (7, 12), (1, 1, 3, 12)]:
-        out = run(ffn, torch.randn(*shape, generator=g), name=f"FeedForward on a {shape} input")
+def _feed_forward(FeedForward, d_model, d_ff):
+    ffn = build(FeedForward, d_model, d_ff, name=f"FeedForward({d_model}, {d_ff})",
+                forbidden=FEED_FORWARD_SHORTCUTS, advice=FEED_FORWARD_ADVICE)
+    _linear(ffn, "linear1", d_model, d_ff)
+    _linear(ffn, "linear2", d_ff, d_model)
+    return ffn
+
+
+def _run_feed_forward(ffn, x, name="FeedForward"):
+    return run(ffn, x, name=name, forbidden=FEED_FORWARD_SHORTCUTS, advice=FEED_FORWARD_ADVICE)
+
+
+FFN_SHAPE_CASES = [(2, 5, 12), (7, 12), (1, 1, 3, 12)]
+
+
+@probe
+def feed_forward_shapes(seeds, FeedForward):
+    ffn = _feed_forward(FeedForward, 12, 40)
+    g = seeds.generator(7101)
+    outputs = [_run_feed_forward(ffn, torch.randn(*shape, generator=g), f"FeedForward on a {shape} input")
+               for shape in FFN_SHAPE_CASES]
+    return {"parameters": count(ffn), "outputs": outputs}
+
+
+@feed_forward_shapes.judge
+def judge_feed_forward_shapes(seeds, data):
+    expected = 2 * 12 * 40 + 40 + 12
+    if data["parameters"] != expected:
+        raise AssertionError(f"FeedForward(12, 40) has {data['parameters']} parameters; two linear layers with "
+                             f"biases have 2·12·40 + 40 + 12 = {expected}. Is there an extra layer?")
+    for shape, out in zip(FFN_SHAPE_CASES, data["outputs"]):
         expect_shape(out, shape, f"FeedForward output for a {shape} input",
                      "The FFN maps each position's d_model vector to a d_model vector: the shape is unchanged.")
 
 
-def feed_forward_diagnoses(ffn, x):
-    pre = ffn.linear1(x)
-    return {
+def feed_forward_case(seeds):
+    g = seeds.generator(7102)
+    weights = seeded_weights(g, feed_forward_shapes_of(6, 20), scale=2.0)
+    return weights, torch.randn(3, 9, 6, generator=g, dtype=torch.float64)
+
+
+def feed_forward_diagnoses(weights, x):
+    linear1 = lambda h: F.linear(h, weights["linear1.weight"], weights["linear1.bias"])  # noqa: E731
+    linear2 = lambda h: F.linear(h, weights["linear2.weight"], weights["linear2.bias"])  # noqa: E731
+    pre = linear1(x)
+    return linear2(F.gelu(pre)), {
         "you used the tanh approximation of GELU; BERT uses the exact one, x·Φ(x) with the erf "
-        "(F.gelu(x) or nn.GELU(), without approximate='tanh').": ffn.linear2(F.gelu(pre, approximate="tanh")),
-        "you used ReLU; BERT's feed-forward uses GELU.": ffn.linear2(F.relu(pre)),
-        "there is no activation between the two linear layers, so the FFN is just one linear map.": ffn.linear2(pre),
-        "the activation comes after linear2; it belongs between linear1 and linear2.": F.gelu(ffn.linear2(pre)),
+        "(F.gelu(x) or nn.GELU(), without approximate='tanh').": linear2(F.gelu(pre, approximate="tanh")),
+        "you used ReLU; BERT's feed-forward uses GELU.": linear2(F.relu(pre)),
+        "there is no activation between the two linear layers, so the FFN is just one linear map.": linear2(pre),
+        "the activation comes after linear2; it belongs between linear1 and linear2.": F.gelu(linear2(pre)),
     }
 
 
-def feed_forward_values(FeedForward):
-    g = generator(7102)
-    ffn = randomize(build(FeedForward, 6, 20, name="FeedForward(6, 20)"), g, scale=2.0).double()
-    _linear(ffn, "linear1", 6, 20)
-    _linear(ffn, "linear2", 20, 6)
-    x = torch.randn(3, 9, 6, generator=g, dtype=torch.float64)
-    with torch.no_grad():
-        expected = F.linear(F.gelu(F.linear(x, ffn.linear1.weight, ffn.linear1.bias)),
-                            ffn.linear2.weight, ffn.linear2.bias)
-        diagnoses = feed_forward_diagnoses(ffn, x)
-    out = run(ffn, x, name="FeedForward")
+@probe
+def feed_forward_values(seeds, FeedForward):
+    weights, x = feed_forward_case(seeds)
+    ffn = load_weights(_feed_forward(FeedForward, 6, 20).double(), weights, "FeedForward",
+                       "`linear1` and `linear2` (nn.Linear)")
+    out = _run_feed_forward(ffn, x)
+    # Position-wise: each position on its own must give what it gives inside the sequence.
+    one_by_one = [_run_feed_forward(ffn, x[:, t], "FeedForward on one position") for t in range(x.shape[1])]
+    return out, one_by_one
+
+
+@feed_forward_values.judge
+def judge_feed_forward_values(seeds, data):
+    out, one_by_one = data
+    weights, x = feed_forward_case(seeds)
+    expected, diagnoses = feed_forward_diagnoses(weights, x)
     expect_close(out, expected, "FeedForward output", diagnoses=diagnoses, rtol=1e-7, atol=1e-7)
-    # Position-wise: each position on its own gives the same result as the whole sequence.
-    one_by_one = torch.stack([run(ffn, x[:, t], name="FeedForward on one position") for t in range(x.shape[1])], 1)
-    expect_close(one_by_one, out, "FeedForward applied one position at a time",
-                 "The FFN is position-wise: position t's output may depend only on position t's input.")
+    hint = "The FFN is position-wise: position t's output may depend only on position t's input."
+    for position in one_by_one:
+        expect_shape(expect_tensor(position, "FeedForward's output"), (x.shape[0], x.shape[2]),
+                     "FeedForward's output for one position", hint)
+    expect_close(torch.stack(one_by_one, 1), out, "FeedForward applied one position at a time", hint)
 
 
 # ---------------------------------------------------------------- exercise 2: LayerNorm
-def _layer_norm(LayerNorm, d_model, **kwargs):
-    return build(LayerNorm, d_model, name=f"LayerNorm({d_model})", **kwargs)
+NORM_NAMES = "`weight` and `bias` (nn.Parameters, the names nn.LayerNorm uses)"
+
+
+def _layer_norm(LayerNorm, d_model, weights=None, **kwargs):
+    norm = build(LayerNorm, d_model, name=f"LayerNorm({d_model})", forbidden=LAYER_NORM_SHORTCUTS,
+                 advice=LAYER_NORM_ADVICE, **kwargs)
+    if weights is None:
+        return norm
+    return load_weights(norm.double(), weights, "LayerNorm", NORM_NAMES + ". A plain tensor attribute is not "
+                        "trained: wrap it in nn.Parameter")
 
 
 def _forward_layer_norm(norm, x):
@@ -211,19 +332,25 @@ def _forward_layer_norm(norm, x):
     return result
 
 
-def layer_norm_parameters(LayerNorm):
+@probe
+def layer_norm_parameters(seeds, LayerNorm):
     norm = _layer_norm(LayerNorm, 10)
-    params = dict(norm.named_parameters())
+    parameters = {name: param.detach().clone() for name, param in norm.named_parameters()}
+    return parameters, _forward_layer_norm(norm, torch.randn(4, 3, 10, generator=seeds.generator(7201)))
+
+
+@layer_norm_parameters.judge
+def judge_layer_norm_parameters(seeds, data):
+    params, out = data
     if set(params) != {"weight", "bias"}:
         raise AssertionError(f"LayerNorm(10) should have exactly two nn.Parameters, `weight` and `bias` "
                              f"(the names nn.LayerNorm uses), but it has {sorted(params) or 'none'}. "
                              "A plain tensor attribute is not trained: wrap it in nn.Parameter.")
     for name, value in (("weight", 1.0), ("bias", 0.0)):
         expect_shape(params[name], (10,), f"LayerNorm.{name}", "One gain and one bias per feature: (d_model,).")
-        if not torch.all(params[name] == value):
+        if not torch.all(expect_tensor(params[name], f"LayerNorm.{name}") == value):
             raise AssertionError(f"LayerNorm.{name} should start at {value:g} everywhere, so that a new "
                                  "LayerNorm only normalises (as nn.LayerNorm does).")
-    out = _forward_layer_norm(norm, torch.randn(4, 3, 10, generator=generator(7201)))
     expect_shape(out, (4, 3, 10), "LayerNorm output", "Normalising does not change the shape.")
 
 
@@ -246,62 +373,110 @@ def layer_norm_diagnoses(x, weight, bias, eps):
     }
 
 
-def layer_norm_values(LayerNorm):
-    g = generator(7202)
-    for shape, eps in [((3, 7, 10), 1e-12), ((5, 10), 1e-5), ((2, 2, 4, 10), 1e-12)]:
-        norm = randomize(_layer_norm(LayerNorm, 10, eps=eps), g).double()
-        x = 3.0 + 2.0 * torch.randn(*shape, generator=g, dtype=torch.float64)
-        oracle = nn.LayerNorm(10, eps=eps).double()
-        oracle.load_state_dict({"weight": norm.weight.detach(), "bias": norm.bias.detach()})
-        with torch.no_grad():
-            expected = oracle(x)
-            diagnoses = layer_norm_diagnoses(x, norm.weight, norm.bias, eps)
-        out = _forward_layer_norm(norm, x)
-        expect_close(out, expected, f"LayerNorm of a {shape} input", diagnoses=diagnoses, rtol=1e-7, atol=1e-7)
+def oracle_layer_norm(weights, eps):
+    oracle = nn.LayerNorm(weights["weight"].shape[0], eps=eps).double()
+    oracle.load_state_dict(weights)
+    return oracle
+
+
+LAYER_NORM_VALUE_CASES = [((3, 7, 10), 1e-12), ((5, 10), 1e-5), ((2, 2, 4, 10), 1e-12)]
+
+
+def layer_norm_value_cases(seeds):
+    """[(shape, eps, weights, x)], then the input of the gradient test (with the last case's LayerNorm)."""
+    g = seeds.generator(7202)
+    cases = []
+    for shape, eps in LAYER_NORM_VALUE_CASES:
+        weights = seeded_weights(g, layer_norm_shapes(10))
+        cases.append((shape, eps, weights, 3.0 + 2.0 * torch.randn(*shape, generator=g, dtype=torch.float64)))
+    return cases, torch.randn(4, 10, generator=g, dtype=torch.float64)
+
+
+@probe
+def layer_norm_values(seeds, LayerNorm):
+    cases, gradient_input = layer_norm_value_cases(seeds)
+    outputs = []
+    for _, eps, weights, x in cases:
+        norm = _layer_norm(LayerNorm, 10, weights, eps=eps)
+        outputs.append(_forward_layer_norm(norm, x))
     # Gradients flow to the learned gain and bias exactly as through nn.LayerNorm.
-    x = torch.randn(4, 10, generator=g, dtype=torch.float64)
     with torch.enable_grad():
-        out = _forward_layer_norm(norm, x)
-        if not out.requires_grad:
-            raise AssertionError("LayerNorm's output carries no gradient: don't detach() or use .data, or "
-                                 "weight and bias will never learn.")
-        norm.zero_grad()
-        out.pow(3).sum().backward()
-        oracle(x).pow(3).sum().backward()
+        out = _forward_layer_norm(norm, gradient_input)
+        gradients = None
+        if out.requires_grad:
+            norm.zero_grad()
+            call(lambda: out.pow(3).sum().backward(), name="LayerNorm's backward pass")
+            gradients = {name: None if getattr(norm, name).grad is None else getattr(norm, name).grad.clone()
+                         for name in ("weight", "bias")}
+    return outputs, gradients
+
+
+@layer_norm_values.judge
+def judge_layer_norm_values(seeds, data):
+    outputs, gradients = data
+    cases, gradient_input = layer_norm_value_cases(seeds)
+    for (shape, eps, weights, x), out in zip(cases, outputs):
+        with torch.no_grad():
+            expected = oracle_layer_norm(weights, eps)(x)
+        expect_close(out, expected, f"LayerNorm of a {shape} input", rtol=1e-7, atol=1e-7,
+                     diagnoses=layer_norm_diagnoses(x, weights["weight"], weights["bias"], eps))
+    if gradients is None:
+        raise AssertionError("LayerNorm's output carries no gradient: don't detach() or use .data, or "
+                             "weight and bias will never learn.")
+    _, eps, weights, _ = cases[-1]
+    oracle = oracle_layer_norm(weights, eps)
+    oracle(gradient_input).pow(3).sum().backward()
     for name in ("weight", "bias"):
-        expect_close(getattr(norm, name).grad, getattr(oracle, name).grad, f"the gradient of LayerNorm.{name}",
+        expect_close(gradients[name], getattr(oracle, name).grad, f"the gradient of LayerNorm.{name}",
                      "Build the output from self.weight and self.bias with ordinary tensor operations.")
 
 
-def layer_norm_eps(LayerNorm):
+EPS_CASES = [(0.1, 0.2), (1e-4, 0.005)]  # (eps, spread of the rows): variances near eps
+
+
+def layer_norm_eps_cases(seeds):
+    g = seeds.generator(7203)
+    cases = []
+    for eps, spread in EPS_CASES:
+        weights = seeded_weights(g, layer_norm_shapes(8))
+        cases.append((eps, weights, 5.0 + spread * torch.randn(6, 8, generator=g, dtype=torch.float64)))
+    return cases, seeded_weights(g, layer_norm_shapes(8))
+
+
+CONSTANT_ROW = torch.full((2, 8), 3.0, dtype=torch.float64)
+
+
+@probe
+def layer_norm_eps(seeds, LayerNorm):
     """Rows with a small variance, where it matters whether eps is inside the square root."""
-    g = generator(7203)
-    for eps, spread in [(0.1, 0.2), (1e-4, 0.005)]:
-        norm = randomize(_layer_norm(LayerNorm, 8, eps=eps), g).double()
-        x = 5.0 + spread * torch.randn(6, 8, generator=g, dtype=torch.float64)
-        oracle = nn.LayerNorm(8, eps=eps).double()
-        oracle.load_state_dict({"weight": norm.weight.detach(), "bias": norm.bias.detach()})
+    cases, constant_weights = layer_norm_eps_cases(seeds)
+    outputs = [_forward_layer_norm(_layer_norm(LayerNorm, 8, weights, eps=eps), x) for eps, weights, x in cases]
+    # A constant row has zero variance: eps is what keeps 0 / 0 from becoming NaN.
+    return outputs, _forward_layer_norm(_layer_norm(LayerNorm, 8, constant_weights), CONSTANT_ROW.clone())
+
+
+@layer_norm_eps.judge
+def judge_layer_norm_eps(seeds, data):
+    outputs, constant_out = data
+    cases, constant_weights = layer_norm_eps_cases(seeds)
+    for (eps, weights, x), out in zip(cases, outputs):
+        weight, bias = weights["weight"], weights["bias"]
         centred = x - x.mean(-1, keepdim=True)
         std = x.var(-1, keepdim=True, unbiased=False).sqrt()
         with torch.no_grad():
-            expected = oracle(x)
-            diagnoses = {
-                f"eps is outside the square root: LayerNorm divides by sqrt(var + eps), not by "
-                f"sqrt(var) + eps (eps={eps:g} here, so the difference shows).":
-                    centred / (std + eps) * norm.weight + norm.bias,
-                "you ignored the eps argument: store it and use it.":
-                    centred / torch.sqrt(std**2 + 1e-12) * norm.weight + norm.bias,
-            }
-        expect_close(_forward_layer_norm(norm, x), expected, f"LayerNorm(8, eps={eps:g}) of low-variance rows",
+            expected = oracle_layer_norm(weights, eps)(x)
+        diagnoses = {
+            f"eps is outside the square root: LayerNorm divides by sqrt(var + eps), not by "
+            f"sqrt(var) + eps (eps={eps:g} here, so the difference shows).": centred / (std + eps) * weight + bias,
+            "you ignored the eps argument: store it and use it.": centred / torch.sqrt(std**2 + 1e-12) * weight + bias,
+        }
+        expect_close(out, expected, f"LayerNorm(8, eps={eps:g}) of low-variance rows",
                      diagnoses=diagnoses, rtol=1e-7, atol=1e-7)
-    # A constant row has zero variance: eps is what keeps 0 / 0 from becoming NaN.
-    norm = _layer_norm(LayerNorm, 8).double()
-    constant = torch.full((2, 8), 3.0, dtype=torch.float64)
-    out = _forward_layer_norm(norm, constant)
-    if not torch.all(torch.isfinite(out)):
+    if not torch.all(torch.isfinite(expect_tensor(constant_out, "LayerNorm's output"))):
         raise AssertionError("LayerNorm of a constant row (variance 0) gave inf or NaN: add eps to the "
                              "variance inside the square root, sqrt(var + eps).")
-    expect_close(out, torch.zeros(2, 8), "LayerNorm of a constant row", "A constant row normalises to 0 (+ bias).")
+    expect_close(constant_out, constant_weights["bias"].expand(2, 8), "LayerNorm of a constant row",
+                 "A constant row normalises to 0 (+ bias).")
 
 
 # ---------------------------------------------------------------- exercise 3: EncoderLayer
@@ -312,25 +487,32 @@ LAYER_NAMES = ("`self_attn` (courselib's MultiHeadAttention), `ffn` (your FeedFo
 def _encoder_layer(EncoderLayer, d_model, num_heads, d_ff, norm_first):
     layer = build(EncoderLayer, d_model, num_heads, d_ff, dropout=0.0, norm_first=norm_first, eps=1e-12,
                   name=f"EncoderLayer({d_model}, {num_heads}, {d_ff}, norm_first={norm_first})",
-                  helpers={"LayerNorm": ReferenceLayerNorm, "FeedForward": ReferenceFeedForward})
+                  helpers={"LayerNorm": ReferenceLayerNorm, "FeedForward": ReferenceFeedForward},
+                  forbidden=ENCODER_LAYER_SHORTCUTS, advice=ENCODER_LAYER_ADVICE)
     for path in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                  "ffn.linear1", "ffn.linear2", "norm1", "norm2"):
         submodule(layer, path, "EncoderLayer", LAYER_NAMES)
     return layer
 
 
-def torch_layer_like(ours, d_model, num_heads, d_ff, norm_first):
-    """torch.nn.TransformerEncoderLayer holding the student's weights (in_proj stacks W_q, W_k, W_v)."""
+def _run_layer(layer, *args):
+    return run(layer, *args, name="EncoderLayer.forward", forbidden=ENCODER_LAYER_SHORTCUTS,
+               advice=ENCODER_LAYER_ADVICE)
+
+
+def torch_layer_from(weights, d_model, num_heads, d_ff, norm_first):
+    """torch.nn.TransformerEncoderLayer holding the check's weights (in_proj stacks W_q, W_k, W_v)."""
     theirs = nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=0.0, activation="gelu",
-                                        batch_first=True, norm_first=norm_first, layer_norm_eps=1e-12)
-    attn = ours.self_attn
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        for their_name, our_module in [("self_attn.out_proj", attn.out_proj), ("linear1", ours.ffn.linear1),
-                                       ("linear2", ours.ffn.linear2), ("norm1", ours.norm1), ("norm2", ours.norm2)]:
-            theirs.get_submodule(their_name).load_state_dict(our_module.state_dict())
-    return theirs.double().train()  # train mode with dropout 0: the plain (not fused) path, deterministic
+                                        batch_first=True, norm_first=norm_first, layer_norm_eps=1e-12).double()
+    w = lambda name: weights[f"self_attn.{name}"]  # noqa: E731
+    state = {"self_attn.in_proj_weight": torch.cat([w("q_proj.weight"), w("k_proj.weight"), w("v_proj.weight")]),
+             "self_attn.in_proj_bias": torch.cat([w("q_proj.bias"), w("k_proj.bias"), w("v_proj.bias")]),
+             "self_attn.out_proj.weight": w("out_proj.weight"), "self_attn.out_proj.bias": w("out_proj.bias")}
+    for ours, their_name in [("ffn.linear1", "linear1"), ("ffn.linear2", "linear2"), ("norm1", "norm1"),
+                             ("norm2", "norm2")]:
+        state.update({f"{their_name}.{kind}": weights[f"{ours}.{kind}"] for kind in ("weight", "bias")})
+    theirs.load_state_dict(state)
+    return theirs.train()  # train mode with dropout 0: the plain (not fused) path, deterministic
 
 
 PRE_FOR_POST = ("with norm_first=False you computed a pre-LN layer: post-LN (BERT) is x = norm1(x + attn(x)), "
@@ -384,114 +566,172 @@ def reference_layer_outputs(theirs, x, keep, norm_first):
     return expected, diagnoses
 
 
-def _layer_matches_torch(EncoderLayer, norm_first, seed, keep=None, dims=(12, 3, 20), batch=(2, 5)):
-    g = generator(seed)
-    ours = randomize(_encoder_layer(EncoderLayer, *dims, norm_first=norm_first), g)
-    theirs = torch_layer_like(ours, *dims, norm_first=norm_first)
-    ours = ours.double()
-    x = torch.randn(*batch, dims[0], generator=g, dtype=torch.float64)
-    expected, diagnoses = reference_layer_outputs(theirs, x, keep, norm_first)
-    args = (x,) if keep is None else (x, keep[:, None, None, :])
-    out = run(ours, *args, name="EncoderLayer.forward")
+def layer_case(seeds, stream, dims, batch):
+    g = seeds.generator(stream)
+    weights = seeded_weights(g, encoder_layer_shapes(dims[0], dims[2]))
+    return weights, torch.randn(*batch, dims[0], generator=g, dtype=torch.float64)
+
+
+def _layer_output(EncoderLayer, seeds, norm_first, stream, dims, batch, keep=None):
+    """The student's layer with the case's weights: (layer, x, output)."""
+    weights, x = layer_case(seeds, stream, dims, batch)
+    ours = load_weights(_encoder_layer(EncoderLayer, *dims, norm_first=norm_first).double(), weights,
+                        "EncoderLayer", LAYER_NAMES)
+    return ours, x, _run_layer(ours, *((x,) if keep is None else (x, keep[:, None, None, :])))
+
+
+def _judge_layer(seeds, out, norm_first, stream, dims, batch, keep=None):
+    weights, x = layer_case(seeds, stream, dims, batch)
+    expected, diagnoses = reference_layer_outputs(torch_layer_from(weights, *dims, norm_first), x, keep, norm_first)
     setting = "pre-LN" if norm_first else "post-LN"
     expect_close(out, expected, f"{setting} EncoderLayer output" + (" with padding" if keep is not None else ""),
                  hint=f"Compare with torch.nn.TransformerEncoderLayer(norm_first={norm_first}). {EARLIER}",
                  diagnoses=diagnoses, rtol=1e-6, atol=1e-6)
-    return ours, x, out
+    return x
 
 
-def encoder_layer_structure(EncoderLayer):
+@probe
+def encoder_layer_structure(seeds, EncoderLayer):
+    results = []
     for norm_first in (False, True):
         ours = _encoder_layer(EncoderLayer, 12, 3, 20, norm_first)
-        theirs = nn.TransformerEncoderLayer(12, 3, 20, batch_first=True)
-        count, expected = sum(p.numel() for p in ours.parameters()), sum(p.numel() for p in theirs.parameters())
-        if count != expected:
-            raise AssertionError(f"EncoderLayer(12, 3, 20) has {count} parameters; torch's layer has {expected} "
-                                 "(4 attention projections, 2 FFN linears, 2 LayerNorms). Build exactly "
+        x = torch.randn(3, 4, 12, generator=seeds.generator(7301))
+        results.append({"parameters": count(ours), "output": _run_layer(ours, x)})
+    return results
+
+
+@encoder_layer_structure.judge
+def judge_encoder_layer_structure(seeds, results):
+    expected = count(nn.TransformerEncoderLayer(12, 3, 20, batch_first=True))
+    for result in results:
+        if result["parameters"] != expected:
+            raise AssertionError(f"EncoderLayer(12, 3, 20) has {result['parameters']} parameters; torch's layer has "
+                                 f"{expected} (4 attention projections, 2 FFN linears, 2 LayerNorms). Build exactly "
                                  f"{LAYER_NAMES}.")
-        x = torch.randn(3, 4, 12, generator=generator(7301))
-        expect_shape(run(ours, x, name="EncoderLayer.forward"), (3, 4, 12), "EncoderLayer output",
+        expect_shape(result["output"], (3, 4, 12), "EncoderLayer output",
                      "An encoder layer keeps the shape (batch, T, d_model), so that layers can be stacked.")
 
 
-def encoder_layer_post_ln(EncoderLayer):
-    _layer_matches_torch(EncoderLayer, False, 7302)
-    _layer_matches_torch(EncoderLayer, False, 7303, dims=(8, 2, 8), batch=(1, 7))
+# (stream, dims (d_model, num_heads, d_ff), batch (B, T)) for each setting
+POST_LN_CASES = [(7302, (12, 3, 20), (2, 5)), (7303, (8, 2, 8), (1, 7))]
+PRE_LN_CASES = [(7304, (12, 3, 20), (2, 5)), (7305, (8, 2, 8), (1, 7))]
 
 
-def encoder_layer_pre_ln(EncoderLayer):
-    _layer_matches_torch(EncoderLayer, True, 7304)
-    _layer_matches_torch(EncoderLayer, True, 7305, dims=(8, 2, 8), batch=(1, 7))
+@probe
+def encoder_layer_post_ln(seeds, EncoderLayer):
+    return [_layer_output(EncoderLayer, seeds, False, *case)[2] for case in POST_LN_CASES]
 
 
-def encoder_layer_padding_mask(EncoderLayer):
-    keep = torch.tensor([[True, True, True, False, False, False],
-                         [True, True, True, True, True, False],
-                         [True, False, False, False, False, False]])
-    for norm_first, seed in [(False, 7306), (True, 7307)]:
-        ours, x, out = _layer_matches_torch(EncoderLayer, norm_first, seed, keep=keep, batch=(3, 6))
+@encoder_layer_post_ln.judge
+def judge_encoder_layer_post_ln(seeds, outputs):
+    for case, out in zip(POST_LN_CASES, outputs):
+        _judge_layer(seeds, out, False, *case)
+
+
+@probe
+def encoder_layer_pre_ln(seeds, EncoderLayer):
+    return [_layer_output(EncoderLayer, seeds, True, *case)[2] for case in PRE_LN_CASES]
+
+
+@encoder_layer_pre_ln.judge
+def judge_encoder_layer_pre_ln(seeds, outputs):
+    for case, out in zip(PRE_LN_CASES, outputs):
+        _judge_layer(seeds, out, True, *case)
+
+
+KEEP = torch.tensor([[True, True, True, False, False, False],
+                     [True, True, True, True, True, False],
+                     [True, False, False, False, False, False]])
+PADDING_CASES = [(False, 7306), (True, 7307)]
+
+
+def noisy_padding(seeds, x, stream):
+    """x with large random values at the padded positions."""
+    noisy = x.clone()
+    noisy[~KEEP] = 100.0 * torch.randn(int((~KEEP).sum()), x.shape[-1], generator=seeds.generator(stream + 10),
+                                       dtype=torch.float64)
+    return noisy
+
+
+@probe
+def encoder_layer_padding_mask(seeds, EncoderLayer):
+    results = []
+    for norm_first, stream in PADDING_CASES:
+        ours, x, out = _layer_output(EncoderLayer, seeds, norm_first, stream, (12, 3, 20), (3, 6), keep=KEEP)
         # Behaviour: whatever sits at the padded positions, the real positions' outputs don't change.
-        noisy = x.clone()
-        noisy[~keep] = 100.0 * torch.randn(int((~keep).sum()), x.shape[-1], generator=generator(seed + 10),
-                                           dtype=torch.float64)
-        again = run(ours, noisy, keep[:, None, None, :], name="EncoderLayer.forward")
-        expect_close(again[keep], out[keep], "real positions' outputs when the padding changes",
+        again = _run_layer(ours, noisy_padding(seeds, x, stream), KEEP[:, None, None, :])
+        results.append((out, again))
+    return results
+
+
+@encoder_layer_padding_mask.judge
+def judge_encoder_layer_padding_mask(seeds, results):
+    for (norm_first, stream), (out, again) in zip(PADDING_CASES, results):
+        x = _judge_layer(seeds, out, norm_first, stream, (12, 3, 20), (3, 6), keep=KEEP)
+        expect_shape(expect_tensor(again, "EncoderLayer's output"), x.shape, "EncoderLayer output")
+        expect_close(again[KEEP], out[KEEP], "real positions' outputs when the padding changes",
                      "Padded keys must get exactly zero attention: the mask is applied before the softmax.")
 
 
 # ---------------------------------------------------------------- exercise 4: MiniBert
 MINIBERT_NAMES = ("`token_embeddings`, `position_embeddings`, `segment_embeddings` (nn.Embedding), "
                   "`embedding_norm` (LayerNorm), `layers` (nn.ModuleList of EncoderLayer) and `d_model`")
+# our parameter names -> BertModel's (one layer's names are under layers.{i}. and encoder.layer.{i}.)
+HF_EMBEDDING_NAMES = {"token_embeddings": "embeddings.word_embeddings",
+                      "position_embeddings": "embeddings.position_embeddings",
+                      "segment_embeddings": "embeddings.token_type_embeddings",
+                      "embedding_norm": "embeddings.LayerNorm"}
+HF_LAYER_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "attention.self.key",
+                  "self_attn.v_proj": "attention.self.value", "self_attn.out_proj": "attention.output.dense",
+                  "norm1": "attention.output.LayerNorm", "ffn.linear1": "intermediate.dense",
+                  "ffn.linear2": "output.dense", "norm2": "output.LayerNorm"}
 
 
-def hf_bert(seed, vocab_size=31, d_model=12, num_layers=2, num_heads=3, d_ff=20, max_positions=16,
-            type_vocab_size=2):
-    """A small random transformers.BertModel (eager attention, eval mode, float64), built offline."""
+def hf_name(name):
+    """BertModel's name for one of MiniBert's parameters."""
+    module, kind = name.rsplit(".", 1)
+    if module in HF_EMBEDDING_NAMES:
+        return f"{HF_EMBEDDING_NAMES[module]}.{kind}"
+    _, i, inner = module.split(".", 2)
+    return f"encoder.layer.{i}.{HF_LAYER_NAMES[inner]}.{kind}"
+
+
+def bert_dims(vocab_size=31, d_model=12, num_layers=2, num_heads=3, d_ff=20, max_positions=16, type_vocab_size=2):
+    return dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_heads=num_heads, d_ff=d_ff,
+                max_positions=max_positions, type_vocab_size=type_vocab_size)
+
+
+def bert_weights(g, dims):
+    return seeded_weights(g, minibert_shapes(**dims), scale=1.5)
+
+
+def hf_bert_from(weights, dims):
+    """A small transformers.BertModel (eager attention, eval mode, float64) holding `weights`, built offline."""
     from transformers import BertConfig, BertModel
-    config = BertConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=num_layers,
-                        num_attention_heads=num_heads, intermediate_size=d_ff, max_position_embeddings=max_positions,
-                        type_vocab_size=type_vocab_size, hidden_act="gelu", layer_norm_eps=1e-12,
+    config = BertConfig(vocab_size=dims["vocab_size"], hidden_size=dims["d_model"],
+                        num_hidden_layers=dims["num_layers"], num_attention_heads=dims["num_heads"],
+                        intermediate_size=dims["d_ff"], max_position_embeddings=dims["max_positions"],
+                        type_vocab_size=dims["type_vocab_size"], hidden_act="gelu", layer_norm_eps=1e-12,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
-    torch.manual_seed(seed)
-    with quiet():
-        model = BertModel(config, add_pooling_layer=False)
-    return randomize(model, generator(seed), scale=1.5).double().eval()
-
-
-def reference_load(model, hf):
-    """The oracle's own copy of a BertModel into a MiniBert with the notebook's names."""
-    pairs = parameter_pairs(model, hf)
+    with quiet(), torch.random.fork_rng(devices=[]):  # its own initial weights are replaced below
+        model = BertModel(config, add_pooling_layer=False).double().eval()
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for _, ours, theirs in pairs:
-            ours.copy_(theirs)
+        for name, value in weights.items():
+            params.pop(hf_name(name)).copy_(value)
+    if params:
+        raise RuntimeError(f"BertModel parameters the check does not set: {sorted(params)}")
     return model
 
 
-def parameter_pairs(model, hf):
-    """(our name, our tensor, HF tensor) for every parameter BertModel has besides the pooler."""
-    e = hf.embeddings
-    pairs = [("token_embeddings.weight", e.word_embeddings.weight),
-             ("position_embeddings.weight", e.position_embeddings.weight),
-             ("segment_embeddings.weight", e.token_type_embeddings.weight),
-             ("embedding_norm.weight", e.LayerNorm.weight), ("embedding_norm.bias", e.LayerNorm.bias)]
-    for i, block in enumerate(hf.encoder.layer):
-        a = block.attention
-        for ours, theirs in [("self_attn.q_proj", a.self.query), ("self_attn.k_proj", a.self.key),
-                             ("self_attn.v_proj", a.self.value), ("self_attn.out_proj", a.output.dense),
-                             ("norm1", a.output.LayerNorm), ("ffn.linear1", block.intermediate.dense),
-                             ("ffn.linear2", block.output.dense), ("norm2", block.output.LayerNorm)]:
-            pairs += [(f"layers.{i}.{ours}.weight", theirs.weight), (f"layers.{i}.{ours}.bias", theirs.bias)]
-    ours = dict(model.named_parameters())
-    missing = [name for name, _ in pairs if name not in ours]
-    if missing:
-        raise AssertionError(f"MiniBert has no parameter {missing[0]}: the exercise asks for {MINIBERT_NAMES}, "
-                             "with EncoderLayer's names inside each layer.")
-    return [(name, ours[name], theirs) for name, theirs in pairs]
+def reference_minibert(weights, dims):
+    """The course's own MiniBert holding `weights` (the judge's model of known mistakes)."""
+    model = ReferenceMiniBert(*dims.values()).double().eval()
+    return load_weights(model, weights, "ReferenceMiniBert", MINIBERT_NAMES)
 
 
-def bert_batch(seed, vocab_size=31, batch=3, T=9, type_vocab_size=2):
+def bert_batch(g, vocab_size=31, batch=3, T=9, type_vocab_size=2):
     """A padded batch of two-segment inputs: [CLS] ... [SEP] ... [SEP] [PAD]..."""
-    g = generator(seed)
     input_ids = torch.randint(4, vocab_size, (batch, T), generator=g)
     lengths = torch.tensor([T, T - 3, 4, T - 1, 5][:batch])
     attention_mask = (torch.arange(T) < lengths[:, None]).long()
@@ -501,15 +741,23 @@ def bert_batch(seed, vocab_size=31, batch=3, T=9, type_vocab_size=2):
     return input_ids, attention_mask, token_type_ids
 
 
-def _minibert(MiniBert, *dims, type_vocab_size=2):
-    model = build(MiniBert, *dims, type_vocab_size=type_vocab_size, name=f"MiniBert{dims}",
-                  helpers=REFERENCE_CLASSES)
+def _minibert(MiniBert, dims, weights=None):
+    *sizes, type_vocab_size = dims.values()
+    model = build(MiniBert, *sizes, type_vocab_size=type_vocab_size, name=f"MiniBert{tuple(sizes)}",
+                  helpers=REFERENCE_CLASSES, forbidden=MINIBERT_SHORTCUTS, advice=MINIBERT_ADVICE)
     for name in ("token_embeddings", "position_embeddings", "segment_embeddings", "embedding_norm", "layers"):
         submodule(model, name, "MiniBert", MINIBERT_NAMES)
-    if getattr(model, "d_model", None) != dims[1]:
-        raise AssertionError(f"MiniBert should store its width as `self.d_model` (= {dims[1]}); the "
+    if getattr(model, "d_model", None) != dims["d_model"]:
+        raise AssertionError(f"MiniBert should store its width as `self.d_model` (= {dims['d_model']}); the "
                              "classification head reads it.")
-    return model
+    if weights is None:
+        return model
+    return load_weights(model.double(), weights, "MiniBert", MINIBERT_NAMES + ", with EncoderLayer's names "
+                        "inside each layer")
+
+
+def _run_minibert(model, *args, name="MiniBert.forward"):
+    return run(model, *args, name=name, forbidden=MINIBERT_SHORTCUTS, advice=MINIBERT_ADVICE)
 
 
 def _hf_outputs(hf, input_ids, attention_mask=None, token_type_ids=None, layers=True):
@@ -519,35 +767,63 @@ def _hf_outputs(hf, input_ids, attention_mask=None, token_type_ids=None, layers=
         return hf(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
 
 
-def minibert_structure(MiniBert):
-    dims = (29, 12, 3, 3, 20, 14)
-    model = _minibert(MiniBert, *dims, type_vocab_size=3)
-    for name, shape in [("token_embeddings", (29, 12)), ("position_embeddings", (14, 12)),
-                        ("segment_embeddings", (3, 12))]:
+STRUCTURE_DIMS = bert_dims(vocab_size=29, num_layers=3, max_positions=14, type_vocab_size=3)
+TABLE_SHAPES = [("token_embeddings", (29, 12)), ("position_embeddings", (14, 12)), ("segment_embeddings", (3, 12))]
+
+
+@probe
+def minibert_structure(seeds, MiniBert):
+    model = _minibert(MiniBert, STRUCTURE_DIMS)
+    tables = {}
+    for name, _ in TABLE_SHAPES:
         table = getattr(model, name)
         if not isinstance(table, nn.Embedding):
             raise AssertionError(f"MiniBert.{name} should be an nn.Embedding, but it is {type(table).__name__}.")
-        expect_shape(table.weight, shape, f"MiniBert.{name}.weight",
+        tables[name] = table.weight.detach().clone()
+    input_ids, attention_mask, token_type_ids = bert_batch(seeds.generator(7401), vocab_size=29, batch=2, T=7)
+    return {"tables": tables, "layers": len(model.layers) if hasattr(model.layers, "__len__") else None,
+            "parameters": count(model),
+            "output": _run_minibert(model, input_ids, attention_mask, token_type_ids)}
+
+
+@minibert_structure.judge
+def judge_minibert_structure(seeds, data):
+    for name, shape in TABLE_SHAPES:
+        expect_shape(data["tables"][name], shape, f"MiniBert.{name}.weight",
                      "token: (vocab_size, d_model), position: (max_positions, d_model), "
                      "segment: (type_vocab_size, d_model).")
-    if len(model.layers) != 3:
-        raise AssertionError(f"MiniBert(num_layers=3) has {len(model.layers)} layers in `layers`.")
-    hf = hf_bert(7400, vocab_size=29, d_model=12, num_layers=3, max_positions=14, type_vocab_size=3)
-    count, expected = sum(p.numel() for p in model.parameters()), sum(p.numel() for p in hf.parameters())
-    if count != expected:
-        raise AssertionError(f"MiniBert has {count} parameters, a BertModel of the same size (without its "
-                             f"pooler) has {expected}. {MINIBERT_NAMES}.")
-    input_ids, attention_mask, token_type_ids = bert_batch(7401, vocab_size=29, batch=2, T=7)
-    out = run(model, input_ids, attention_mask, token_type_ids, name="MiniBert.forward")
-    expect_shape(out, (2, 7, 12), "MiniBert output", "MiniBert returns the last hidden states (batch, T, d_model).")
+    if data["layers"] != 3:
+        raise AssertionError(f"MiniBert(num_layers=3) has {data['layers']} layers in `layers`.")
+    expected = count(hf_bert_from(bert_weights(seeds.generator(7400), STRUCTURE_DIMS), STRUCTURE_DIMS))
+    if data["parameters"] != expected:
+        raise AssertionError(f"MiniBert has {data['parameters']} parameters, a BertModel of the same size (without "
+                             f"its pooler) has {expected}. {MINIBERT_NAMES}.")
+    expect_shape(data["output"], (2, 7, 12), "MiniBert output",
+                 "MiniBert returns the last hidden states (batch, T, d_model).")
 
 
-def minibert_embeddings(MiniBert):
+EMBEDDING_DIMS = bert_dims(num_layers=0, type_vocab_size=3)
+
+
+def embeddings_case(seeds):
+    return (bert_weights(seeds.generator(7402), EMBEDDING_DIMS),
+            bert_batch(seeds.generator(7403), vocab_size=31, type_vocab_size=3))
+
+
+@probe
+def minibert_embeddings(seeds, MiniBert):
     """num_layers=0: the output is the embedding sum after LayerNorm, exactly BertEmbeddings'."""
-    hf = hf_bert(7402, vocab_size=31, num_layers=0, max_positions=16, type_vocab_size=3)
-    model = reference_load(_minibert(MiniBert, 31, 12, 0, 3, 20, 16, type_vocab_size=3).double(), hf)
-    input_ids, attention_mask, token_type_ids = bert_batch(7403, vocab_size=31, type_vocab_size=3)
-    out = run(model, input_ids, attention_mask, token_type_ids, name="MiniBert.forward")
+    weights, (input_ids, attention_mask, token_type_ids) = embeddings_case(seeds)
+    model = _minibert(MiniBert, EMBEDDING_DIMS, weights)
+    return (_run_minibert(model, input_ids, attention_mask, token_type_ids),
+            _run_minibert(model, input_ids, name="MiniBert.forward with the defaults"))
+
+
+@minibert_embeddings.judge
+def judge_minibert_embeddings(seeds, data):
+    out, with_defaults = data
+    weights, (input_ids, attention_mask, token_type_ids) = embeddings_case(seeds)
+    hf = hf_bert_from(weights, EMBEDDING_DIMS)
     expected = _hf_outputs(hf, input_ids, token_type_ids=token_type_ids, layers=False)
     T = input_ids.shape[1]
     e = hf.embeddings
@@ -566,9 +842,8 @@ def minibert_embeddings(MiniBert):
     expect_close(out, expected, "MiniBert's embeddings (num_layers=0)", diagnoses=diagnoses, rtol=1e-6, atol=1e-6,
                  hint="token + position + segment, then LayerNorm, then dropout. " + EARLIER)
     # Defaults: token_type_ids=None means segment 0 everywhere; attention_mask=None means no padding.
-    out = run(model, input_ids, name="MiniBert.forward with the defaults")
     expected = _hf_outputs(hf, input_ids, token_type_ids=torch.zeros_like(input_ids), layers=False)
-    expect_close(out, expected, "MiniBert's embeddings with token_type_ids=None",
+    expect_close(with_defaults, expected, "MiniBert's embeddings with token_type_ids=None",
                  "Without token_type_ids, every token is in segment 0 (as in BertModel).", rtol=1e-6, atol=1e-6)
 
 
@@ -578,48 +853,78 @@ MINIBERT_MASK_INVERTED = ("the attention mask is inverted: attention_mask is 1 f
                           "and our masks are True where attention is allowed.")
 
 
-def padding_diagnoses(hf, dims, input_ids, attention_mask, token_type_ids):
+def padding_diagnoses(weights, dims, input_ids, attention_mask, token_type_ids):
     """What a MiniBert that ignores or inverts attention_mask returns (our masked softmax, HF's weights)."""
-    wrong = reference_load(ReferenceMiniBert(*dims).double().eval(), hf)
+    wrong = reference_minibert(weights, dims)
     with torch.no_grad():
         return {MINIBERT_MASK_IGNORED: wrong(input_ids, None, token_type_ids),
                 MINIBERT_MASK_INVERTED: wrong(input_ids, 1 - attention_mask, token_type_ids)}
 
 
-def minibert_matches_hf_bert(MiniBert):
-    for seed, dims in [(7404, dict(vocab_size=31, d_model=12, num_layers=2, num_heads=3, d_ff=20, max_positions=16)),
-                       (7405, dict(vocab_size=23, d_model=8, num_layers=3, num_heads=2, d_ff=16, max_positions=10))]:
-        hf = hf_bert(seed, **dims)
-        model = reference_load(_minibert(MiniBert, *dims.values()).double(), hf)
-        input_ids, attention_mask, token_type_ids = bert_batch(seed + 20, vocab_size=dims["vocab_size"])
-        out = run(model, input_ids, attention_mask, token_type_ids, name="MiniBert.forward")
-        expect_close(out, _hf_outputs(hf, input_ids, attention_mask, token_type_ids),
+# (weights stream, dims); the batch's stream is the weights' + 20
+MATCH_CASES = [(7404, bert_dims()), (7405, bert_dims(vocab_size=23, d_model=8, num_layers=3, num_heads=2, d_ff=16,
+                                                     max_positions=10))]
+
+
+def match_case(seeds, stream, dims):
+    return bert_weights(seeds.generator(stream), dims), bert_batch(seeds.generator(stream + 20),
+                                                                   vocab_size=dims["vocab_size"])
+
+
+@probe
+def minibert_matches_hf_bert(seeds, MiniBert):
+    outputs = []
+    for stream, dims in MATCH_CASES:
+        weights, batch = match_case(seeds, stream, dims)
+        outputs.append(_run_minibert(_minibert(MiniBert, dims, weights), *batch))
+    return outputs
+
+
+@minibert_matches_hf_bert.judge
+def judge_minibert_matches_hf_bert(seeds, outputs):
+    for (stream, dims), out in zip(MATCH_CASES, outputs):
+        weights, batch = match_case(seeds, stream, dims)
+        expect_close(out, _hf_outputs(hf_bert_from(weights, dims), *batch),
                      "MiniBert's last hidden states vs BertModel", rtol=1e-6, atol=1e-6,
-                     diagnoses=padding_diagnoses(hf, dims.values(), input_ids, attention_mask, token_type_ids),
+                     diagnoses=padding_diagnoses(weights, dims, *batch),
                      hint="Check the order: embeddings, LayerNorm, dropout, then the layers, with the padding "
                           "mask passed to each. " + EARLIER)
 
 
-def minibert_padding_mask(MiniBert):
-    dims = (31, 12, 2, 3, 20, 16)
-    hf = hf_bert(7406)
-    model = reference_load(_minibert(MiniBert, *dims).double(), hf)
-    input_ids, attention_mask, token_type_ids = bert_batch(7407)
-    out = run(model, input_ids, attention_mask, token_type_ids, name="MiniBert.forward")
-    diagnoses = padding_diagnoses(hf, dims, input_ids, attention_mask, token_type_ids)
-    expect_close(out, _hf_outputs(hf, input_ids, attention_mask, token_type_ids),
-                 "MiniBert's hidden states on a padded batch", rtol=1e-6, atol=1e-6, diagnoses=diagnoses,
-                 hint="At padded positions BertModel still computes a hidden state (its queries attend to the "
-                      "real tokens): don't zero them. " + EARLIER)
+PADDING_DIMS = bert_dims()
+
+
+def padding_case(seeds):
+    return bert_weights(seeds.generator(7406), PADDING_DIMS), bert_batch(seeds.generator(7407))
+
+
+@probe
+def minibert_padding_mask(seeds, MiniBert):
+    weights, (input_ids, attention_mask, token_type_ids) = padding_case(seeds)
+    model = _minibert(MiniBert, PADDING_DIMS, weights)
+    out = _run_minibert(model, input_ids, attention_mask, token_type_ids)
     # Behaviour: the real tokens don't see what is written at the padded positions.
     other_padding = input_ids.masked_fill(attention_mask == 0, 7)
-    again = run(model, other_padding, attention_mask, token_type_ids, name="MiniBert.forward")
+    again = _run_minibert(model, other_padding, attention_mask, token_type_ids)
+    # attention_mask=None means every token is real.
+    return out, again, _run_minibert(model, input_ids, None, token_type_ids)
+
+
+@minibert_padding_mask.judge
+def judge_minibert_padding_mask(seeds, data):
+    out, again, without_mask = data
+    weights, (input_ids, attention_mask, token_type_ids) = padding_case(seeds)
+    hf = hf_bert_from(weights, PADDING_DIMS)
+    expect_close(out, _hf_outputs(hf, input_ids, attention_mask, token_type_ids),
+                 "MiniBert's hidden states on a padded batch", rtol=1e-6, atol=1e-6,
+                 diagnoses=padding_diagnoses(weights, PADDING_DIMS, input_ids, attention_mask, token_type_ids),
+                 hint="At padded positions BertModel still computes a hidden state (its queries attend to the "
+                      "real tokens): don't zero them. " + EARLIER)
+    expect_shape(expect_tensor(again, "MiniBert's output"), out.shape, "MiniBert output")
     real = attention_mask.bool()
     expect_close(again[real], out[real], "real tokens' hidden states when the pad ids change",
                  "Real tokens must give padded positions zero attention.")
-    # attention_mask=None means every token is real.
-    expect_close(run(model, input_ids, None, token_type_ids, name="MiniBert.forward"),
-                 _hf_outputs(hf, input_ids, None, token_type_ids), "MiniBert with attention_mask=None",
+    expect_close(without_mask, _hf_outputs(hf, input_ids, None, token_type_ids), "MiniBert with attention_mask=None",
                  "Without a mask every token may attend to every token.", rtol=1e-6, atol=1e-6)
 
 
@@ -632,60 +937,97 @@ def _load(load_hf_bert_weights, model, hf):
     return model
 
 
-def _describe_mismatch(name, ours, theirs, hf):
-    ours = ours.detach()
-    hf_names = {id(p): n for n, p in hf.named_parameters()}
-    for other_name, other in hf.named_parameters():
-        if other.shape == ours.shape and torch.allclose(ours, other.detach()) and not torch.equal(other, theirs):
-            return (f"model.{name} holds hf_bert.{other_name}, but it should hold "
-                    f"hf_bert.{hf_names.get(id(theirs), '?')}.")
-        if other.dim() == 2 and other.shape[::-1] == ours.shape and torch.allclose(ours, other.detach().T):
-            return (f"model.{name} holds the transpose of hf_bert.{other_name}: nn.Linear stores its weight as "
+def _loaded(load_hf_bert_weights, dims, hf, batch):
+    """A reference MiniBert after the student's loader copied `hf` (a BertModel) into it: its parameters,
+    and its output on `batch`."""
+    with torch.random.fork_rng(devices=[]):
+        model = ReferenceMiniBert(*dims.values()).double().eval()
+    _load(load_hf_bert_weights, model, hf)
+    state = {name: param.detach().clone() for name, param in model.named_parameters()}
+    return state, run(model, *batch, name="MiniBert.forward, after load_hf_bert_weights")
+
+
+def _describe_mismatch(name, ours, weights):
+    for other, theirs in weights.items():
+        if other != name and theirs.shape == ours.shape and torch.allclose(ours, theirs):
+            return f"model.{name} holds hf_bert.{hf_name(other)}, but it should hold hf_bert.{hf_name(name)}."
+        if theirs.dim() == 2 and theirs.shape[::-1] == ours.shape and torch.allclose(ours, theirs.T):
+            return (f"model.{name} holds the transpose of hf_bert.{hf_name(other)}: nn.Linear stores its weight as "
                     "(out_features, in_features) in both models, so copy it as it is.")
-    return f"model.{name} was not copied from hf_bert.{hf_names.get(id(theirs), '?')}."
+    return f"model.{name} was not copied from hf_bert.{hf_name(name)}."
 
 
-def _check_all_copied(model, hf):
-    for name, ours, theirs in parameter_pairs(model, hf):
-        if ours.shape != theirs.shape or not torch.allclose(ours.detach(), theirs.detach(), rtol=0, atol=1e-12):
-            raise AssertionError(_describe_mismatch(name, ours, theirs, hf))
+def _judge_loaded(state, out, dims, weights, batch, what, hint):
+    for name, theirs in weights.items():
+        ours = state.get(name)
+        if ours is None:
+            raise AssertionError(f"after load_hf_bert_weights, model has no parameter {name}: copy the values "
+                                 "into the model's own parameters, don't replace its modules.")
+        ours = expect_tensor(ours, f"model.{name}").double()
+        if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=0, atol=1e-12):
+            raise AssertionError(_describe_mismatch(name, ours, weights))
+    expect_close(out, _hf_outputs(hf_bert_from(weights, dims), *batch), what, rtol=1e-6, atol=1e-6, hint=hint)
 
 
-def load_hf_parity(load_hf_bert_weights):
-    hf = hf_bert(7501, vocab_size=31, d_model=12, num_layers=2, num_heads=3, d_ff=20, max_positions=16)
-    model = ReferenceMiniBert(31, 12, 2, 3, 20, 16).double().eval()
-    _load(load_hf_bert_weights, model, hf)
-    _check_all_copied(model, hf)
-    input_ids, attention_mask, token_type_ids = bert_batch(7502)
-    with torch.no_grad():
-        out = model(input_ids, attention_mask, token_type_ids)
-    expect_close(out, _hf_outputs(hf, input_ids, attention_mask, token_type_ids), "last hidden states after loading",
-                 rtol=1e-6, atol=1e-6, hint="(Graded on a reference MiniBert, so only your loader counts here.)")
+PARITY_DIMS = bert_dims()
 
 
-def load_hf_any_size(load_hf_bert_weights):
-    dims = dict(vocab_size=37, d_model=8, num_layers=3, num_heads=2, d_ff=12, max_positions=30, type_vocab_size=3)
-    hf = hf_bert(7503, **dims)
-    model = ReferenceMiniBert(*dims.values()).double().eval()
-    _load(load_hf_bert_weights, model, hf)
-    _check_all_copied(model, hf)
-    input_ids, attention_mask, token_type_ids = bert_batch(7504, vocab_size=37, batch=4, T=11, type_vocab_size=3)
-    with torch.no_grad():
-        out = model(input_ids, attention_mask, token_type_ids)
-    expect_close(out, _hf_outputs(hf, input_ids, attention_mask, token_type_ids),
-                 "last hidden states of a 3-layer, 3-segment model after loading", rtol=1e-6, atol=1e-6,
-                 hint="Read the number of layers and the sizes from the models; don't assume 2 layers or d=12.")
-    # A model of another size must be refused, not silently broadcast into.
-    small = ReferenceMiniBert(37, 8, 3, 2, 12, 20, 3).double()
+def parity_case(seeds):
+    return bert_weights(seeds.generator(7501), PARITY_DIMS), bert_batch(seeds.generator(7502))
+
+
+@probe
+def load_hf_parity(seeds, load_hf_bert_weights):
+    weights, batch = parity_case(seeds)
+    return _loaded(load_hf_bert_weights, PARITY_DIMS, hf_bert_from(weights, PARITY_DIMS), batch)
+
+
+@load_hf_parity.judge
+def judge_load_hf_parity(seeds, data):
+    state, out = data
+    weights, batch = parity_case(seeds)
+    _judge_loaded(state, out, PARITY_DIMS, weights, batch, "last hidden states after loading",
+                  "(Graded on a reference MiniBert, so only your loader counts here.)")
+
+
+ANY_SIZE_DIMS = bert_dims(vocab_size=37, d_model=8, num_layers=3, num_heads=2, d_ff=12, max_positions=30,
+                          type_vocab_size=3)
+
+
+def any_size_case(seeds):
+    return (bert_weights(seeds.generator(7503), ANY_SIZE_DIMS),
+            bert_batch(seeds.generator(7504), vocab_size=37, batch=4, T=11, type_vocab_size=3))
+
+
+@probe
+def load_hf_any_size(seeds, load_hf_bert_weights):
+    weights, batch = any_size_case(seeds)
+    hf = hf_bert_from(weights, ANY_SIZE_DIMS)
+    state, out = _loaded(load_hf_bert_weights, ANY_SIZE_DIMS, hf, batch)
+    # A model of another size (20 positions, not 30) must be refused, not silently broadcast into.
+    with torch.random.fork_rng(devices=[]):
+        small = ReferenceMiniBert(37, 8, 3, 2, 12, 20, 3).double()
     try:
         call(lambda: load_hf_bert_weights(small, hf), name="load_hf_bert_weights")
+        refused = False
     except AssertionError as error:
-        if "raised" in str(error):
-            return
-        raise
-    raise AssertionError("load_hf_bert_weights copied a BertModel with 30 positions into a MiniBert with 20 "
-                         "without complaint: copy with tensor.copy_() (it checks shapes) or compare shapes and "
-                         "raise, so that a wrong configuration fails loudly.")
+        if "raised" not in str(error):
+            raise
+        refused = True
+    return state, out, refused
+
+
+@load_hf_any_size.judge
+def judge_load_hf_any_size(seeds, data):
+    state, out, refused = data
+    weights, batch = any_size_case(seeds)
+    _judge_loaded(state, out, ANY_SIZE_DIMS, weights, batch,
+                  "last hidden states of a 3-layer, 3-segment model after loading",
+                  "Read the number of layers and the sizes from the models; don't assume 2 layers or d=12.")
+    if refused is not True:
+        raise AssertionError("load_hf_bert_weights copied a BertModel with 30 positions into a MiniBert with 20 "
+                             "without complaint: copy with tensor.copy_() (it checks shapes) or compare shapes and "
+                             "raise, so that a wrong configuration fails loudly.")
 
 
 # ---------------------------------------------------------------- exercise 6: SequenceClassifier
@@ -717,59 +1059,100 @@ def _logits(model, input_ids, attention_mask=None, token_type_ids=None):
     return run(model, input_ids, attention_mask, token_type_ids, name="SequenceClassifier.forward")
 
 
-def classifier_shapes(SequenceClassifier):
-    g = generator(7601)
-    for batch, T, d, num_labels in [(4, 6, 10, 3), (1, 3, 7, 2), (5, 9, 16, 5)]:
+CLASSIFIER_SHAPE_CASES = [(4, 6, 10, 3), (1, 3, 7, 2), (5, 9, 16, 5)]  # batch, T, d_model, num_labels
+
+
+@probe
+def classifier_shapes(seeds, SequenceClassifier):
+    g = seeds.generator(7601)
+    outputs = []
+    for batch, T, d, num_labels in CLASSIFIER_SHAPE_CASES:
         model, _ = _classifier(SequenceClassifier, torch.randn(batch, T, d, generator=g), num_labels)
-        logits = _logits(model, torch.zeros(batch, T, dtype=torch.long))
+        outputs.append(_logits(model, torch.zeros(batch, T, dtype=torch.long)))
+    return outputs
+
+
+@classifier_shapes.judge
+def judge_classifier_shapes(seeds, outputs):
+    for (batch, _, _, num_labels), logits in zip(CLASSIFIER_SHAPE_CASES, outputs):
         expect_shape(logits, (batch, num_labels), "logits",
                      "One row of num_labels scores per sequence, from the [CLS] vector: (batch, num_labels). "
                      "Read the width from encoder.d_model.")
 
 
-def classifier_uses_cls(SequenceClassifier):
-    g = generator(7602)
+def cls_case(seeds):
+    """Hidden states, the batch, the same states with every non-[CLS] position changed, and a head's weights."""
+    g = seeds.generator(7602)
     hidden = torch.randn(3, 5, 8, generator=g)
-    model, encoder = _classifier(SequenceClassifier, hidden, 4)
     input_ids = torch.randint(0, 9, (3, 5), generator=g)
     attention_mask = torch.ones(3, 5, dtype=torch.long)
     attention_mask[0, 3:] = 0
     token_type_ids = torch.zeros(3, 5, dtype=torch.long)
     token_type_ids[:, 2:] = 1
-    logits = _logits(model, input_ids, attention_mask, token_type_ids)
-    seen_ids, seen_mask, seen_types = encoder.calls[-1]
+    changed = hidden.clone()
+    changed[:, 1:] = torch.randn(3, 4, 8, generator=g)
+    changed_cls = changed.clone()
+    changed_cls[:, 0] = torch.randn(3, 8, generator=g)
+    head = {name: value.float() for name, value in
+            seeded_weights(seeds.generator(7612), linear_shapes("classifier", 8, 4)).items()}
+    return hidden, (input_ids, attention_mask, token_type_ids), changed, changed_cls, head
+
+
+def _tensor_or_none(value):
+    return value.detach().clone() if torch.is_tensor(value) else None
+
+
+@probe
+def classifier_uses_cls(seeds, SequenceClassifier):
+    hidden, batch, changed, changed_cls, head = cls_case(seeds)
+    model, encoder = _classifier(SequenceClassifier, hidden, 4)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    plain_head = len(linears) == 1 and tuple(linears[0].weight.shape) == (4, 8) and linears[0].bias is not None
+    if plain_head:  # the plain head, logits = W h_CLS + b: with weights the check chose
+        with torch.no_grad():
+            linears[0].weight.copy_(head["classifier.weight"])
+            linears[0].bias.copy_(head["classifier.bias"])
+    logits = _logits(model, *batch)
+    _, seen_mask, seen_types = encoder.calls[-1] if encoder.calls else (None, None, None)
+    encoder.hidden = changed  # only the non-[CLS] positions differ...
+    same = _logits(model, *batch)
+    encoder.hidden = changed_cls  # ...and now [CLS] too
+    again = _logits(model, *batch)
+    return {"logits": logits, "seen_mask": _tensor_or_none(seen_mask), "seen_types": _tensor_or_none(seen_types),
+            "same": same, "again": again, "plain_head": plain_head}
+
+
+@classifier_uses_cls.judge
+def judge_classifier_uses_cls(seeds, data):
+    _, (_, attention_mask, token_type_ids), _, changed_cls, head = cls_case(seeds)
+    seen_mask, seen_types = data["seen_mask"], data["seen_types"]
     if seen_mask is None or not torch.equal(seen_mask, attention_mask):
         raise AssertionError("SequenceClassifier didn't pass attention_mask on to the encoder, so padding "
                              "would be attended to.")
     if seen_types is None or not torch.equal(seen_types, token_type_ids):
         raise AssertionError("SequenceClassifier didn't pass token_type_ids on to the encoder.")
     # Only the first position may matter.
-    changed = hidden.clone()
-    changed[:, 1:] = torch.randn(3, 4, 8, generator=g)
-    encoder.hidden = changed
-    expect_close(_logits(model, input_ids, attention_mask, token_type_ids), logits,
-                 "logits when only the non-[CLS] hidden states change",
+    logits = expect_tensor(data["logits"], "logits")
+    expect_close(data["same"], logits, "logits when only the non-[CLS] hidden states change",
                  hint="The head must read only the [CLS] vector, hidden[:, 0]: not a mean over the tokens, "
                       "not the last token.")
-    changed[:, 0] = torch.randn(3, 8, generator=g)
-    again = _logits(model, input_ids, attention_mask, token_type_ids)
-    if torch.allclose(again, logits):
+    again = expect_tensor(data["again"], "logits")
+    if again.shape == logits.shape and torch.allclose(again, logits):
         raise AssertionError("The logits didn't change when the [CLS] hidden state changed: classify from "
                              "hidden[:, 0].")
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if len(linears) == 1:  # the plain head: logits = W h_CLS + b
-        expect_close(again, linears[0](changed[:, 0]).detach(), "logits",
+    if data["plain_head"] is True:
+        expect_close(again, F.linear(changed_cls[:, 0], head["classifier.weight"], head["classifier.bias"]), "logits",
                      "With one linear layer the logits are classifier(hidden[:, 0]).")
 
 
 # ---------------------------------------------------------------- the trained classifier
 PAD, CLS, SEP, A = 0, 1, 2, 3
 NUM_LETTERS, MAX_SEGMENT = 6, 6
+ACCURACY_EXAMPLES = 1500
 
 
-def count_task_by_hand(num_examples, seed):
+def count_task_by_hand(num_examples, g):
     """The notebook's task, written independently: is "a" more, equally or less frequent in segment A?"""
-    g = generator(seed)
     T = 2 * MAX_SEGMENT + 3
     input_ids = torch.zeros(num_examples, T, dtype=torch.long)
     token_type_ids = torch.zeros(num_examples, T, dtype=torch.long)
@@ -784,17 +1167,41 @@ def count_task_by_hand(num_examples, seed):
     return input_ids, (input_ids != PAD).long(), token_type_ids, labels
 
 
-def classifier_accuracy(classifier, threshold=0.95):
-    input_ids, attention_mask, token_type_ids, labels = count_task_by_hand(1500, 7603)
+@probe
+def classifier_accuracy(seeds, classifier):
+    input_ids, attention_mask, token_type_ids, _ = count_task_by_hand(ACCURACY_EXAMPLES, seeds.generator(7603))
     was_training = getattr(classifier, "training", False)
-    classifier.eval()
+    if hasattr(classifier, "eval"):
+        classifier.eval()
     try:
-        logits = run(classifier, input_ids, attention_mask, token_type_ids, name="classifier")
+        return run(classifier, input_ids, attention_mask, token_type_ids, name="classifier")
     finally:
-        classifier.train(was_training)
-    expect_shape(logits, (1500, 3), "the trained classifier's logits", "Three classes: fewer, equal, more.")
-    accuracy = (logits.argmax(-1) == labels).float().mean().item()
+        if hasattr(classifier, "train"):
+            classifier.train(was_training)
+
+
+@classifier_accuracy.judge
+def judge_classifier_accuracy(seeds, logits, threshold=0.95):
+    *_, labels = count_task_by_hand(ACCURACY_EXAMPLES, seeds.generator(7603))
+    expect_shape(logits, (ACCURACY_EXAMPLES, 3), "the trained classifier's logits", "Three classes: fewer, equal, more.")
+    accuracy = (expect_tensor(logits, "logits").argmax(-1) == labels).float().mean().item()
     if accuracy < threshold:
-        raise AssertionError(f"the trained classifier gets {accuracy:.1%} of 1500 fresh examples right; the "
-                             f"notebook promises at least {threshold:.0%}. If an earlier test failed, fix it "
+        raise AssertionError(f"the trained classifier gets {accuracy:.1%} of {ACCURACY_EXAMPLES} fresh examples right; "
+                             f"the notebook promises at least {threshold:.0%}. If an earlier test failed, fix it "
                              "first; otherwise train again.")
+
+
+# ---------------------------------------------------------------- warming up the judges
+def warm_up():
+    """What the judges need first: transformers' BertModel (seconds to import)."""
+    from transformers import BertConfig, BertModel  # noqa: F401
+
+
+# The grader imports the check modules in a background thread while the kernel runs
+# (autograder/judging.py, load_checks_in_background): load what the judges need then, not after the notebook.
+# In the kernel, this module is imported by a test cell on the main thread, and loads nothing more.
+if threading.current_thread().name == "load-hidden-checks":
+    try:
+        warm_up()
+    except Exception:  # a judge that needs it will say what is wrong
+        pass

@@ -170,6 +170,13 @@ MUTANTS = [
     Variant("ffn_no_activation", {FFN: ffn('''
         return self.linear2(self.linear1(x))
 ''')}, loses=("feed_forward_values",), message="no activation between linear1 and linear2"),
+    Variant("ffn_subclasses_the_course_reference", {FFN: '''
+from courselib.blocks import FeedForward as _CourseFeedForward
+
+
+class FeedForward(_CourseFeedForward):
+    """Position-wise feed-forward sublayer: the course's own, renamed."""
+'''}, loses=("feed_forward_shapes", "feed_forward_values"), message="flagged for review"),
     # ---- LayerNorm
     Variant("layer_norm_unbiased_variance", {NORM: norm('''
         mean = x.mean(dim=-1, keepdim=True)
@@ -199,6 +206,16 @@ MUTANTS = [
     Variant("layer_norm_calls_torch", {NORM: norm('''
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 ''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="oracle"),
+    # The oracle taken in ways a patch of torch's names missed: a reference captured at the top of the
+    # cell, and the course's own reference (courselib.blocks) wrapped. The watch sees both: flagged, 0.
+    Variant("layer_norm_oracle_captured_early", {NORM: "_layer_norm = torch.nn.functional.layer_norm  "
+                                                       "# captured before any test runs\n" + norm('''
+        return _layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="flagged for review"),
+    Variant("layer_norm_wraps_the_course_reference", {NORM: "from courselib.blocks import LayerNorm as "
+                                                            "_CourseLayerNorm\n" + norm('''
+        return _CourseLayerNorm.forward(self, x)
+''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="flagged for review"),
     Variant("layer_norm_in_place", {NORM: norm('''
         x -= x.mean(dim=-1, keepdim=True)
         return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps) * self.weight + self.bias
@@ -253,6 +270,28 @@ class LayerNorm(nn.Module):
         h = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)[0]))
         return self.norm2(h + self.dropout(self.ffn(x)))
 ''')}, loses=("encoder_layer_post_ln",), message="reads the attention sublayer's output"),
+    Variant("encoder_wraps_the_course_reference", {LAYER: "from courselib.blocks import EncoderLayer as "
+                                                          "_CourseLayer\n" + layer('''
+        return _CourseLayer.forward(self, x, mask)
+''')}, loses=("encoder_layer_structure", "encoder_layer_post_ln", "encoder_layer_pre_ln",
+              "encoder_layer_padding_mask"), message="flagged for review"),
+    Variant("encoder_runs_torch_layer_captured_early", {LAYER: "_TorchLayer = nn.TransformerEncoderLayer  "
+                                                               "# captured before any test runs\n" + layer('''
+        attn, d_model = self.self_attn, x.shape[-1]
+        theirs = _TorchLayer(d_model, attn.num_heads, self.ffn.linear1.out_features, dropout=0.0, activation="gelu",
+                             batch_first=True, norm_first=self.norm_first, layer_norm_eps=self.norm1.eps)
+        theirs = theirs.to(x.dtype).train()
+        with torch.no_grad():
+            theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                             attn.v_proj.weight]))
+            theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+            for their_name, ours in [("self_attn.out_proj", attn.out_proj), ("linear1", self.ffn.linear1),
+                                     ("linear2", self.ffn.linear2), ("norm1", self.norm1), ("norm2", self.norm2)]:
+                theirs.get_submodule(their_name).load_state_dict(ours.state_dict())
+        padding = None if mask is None else ~mask.reshape(mask.shape[0], -1)   # (B, 1, 1, T) -> (B, T)
+        return theirs(x, src_key_padding_mask=padding)
+''')}, loses=("encoder_layer_structure", "encoder_layer_post_ln", "encoder_layer_pre_ln",
+              "encoder_layer_padding_mask"), message="flagged for review"),
     # ---- MiniBert
     Variant("minibert_positions_start_at_1", {BERT: bert(BERT_DEFAULTS + '''
         positions = torch.arange(1, T + 1, device=input_ids.device)
