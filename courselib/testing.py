@@ -34,3 +34,15 @@ def check_close(actual, expected, name="result", hint="", rtol=1e-4, atol=1e-5):
         raise AssertionError(
             f"{name} is wrong: at index {tuple(int(i) for i in where)} you have {actual_np[where]:.6g}, "
             f"expected {expected_np[where]:.6g} (largest difference {diff.max():.3g}). {hint}".rstrip())
+
+
+def check_claim(value, low, high, claim):
+    """The text says `claim`; this run measured `value`, which must lie in [low, high].
+
+    Used beside a number the prose quotes, so that the prose stays exactly as true as the code shows:
+    if a library update or an edit moves the number, the notebook stops here and says which sentence
+    to fix. Returns the value, for printing."""
+    if not low <= value <= high:
+        raise AssertionError(f"The text says {claim}, but this run measured {value:.4g} (expected "
+                             f"between {low:g} and {high:g}): update the text or the code.")
+    return value
