@@ -1,25 +1,34 @@
-"""Hidden checks for 08_bert_fill_mask. Each function is one grade cell's hidden part.
+"""Hidden checks for 08_bert_fill_mask. Each check is one grade cell's hidden part.
 
-Layered as the course's tests are: shape and format first, then values on seeded inputs against
-independent oracles (`torch.nn.functional.cross_entropy`, `BertForMaskedLM`'s own loss,
-`pipeline("fill-mask")`), then behaviour (rates measured over tens of thousands of tokens,
-special tokens, generators, gradients, ordering). The models here are the course's tiny BERT and
-small random BERTs with their special tokens moved, never the notebook's `model`, so the grade
-doesn't depend on whether bert-base-uncased was available. Seeds are never used by the visible tests.
+Each has a probe (in the student's kernel: build the seeded inputs, call the student's code, return
+what it produced) and a judge (in the grader: rebuild the same inputs, run the oracle, compare, name
+the misconception). Layered as the course's tests are: shape and format first, then values on
+seeded inputs against independent oracles (`torch.nn.functional.cross_entropy`, `BertForMaskedLM`'s
+own loss, `pipeline("fill-mask")`, all run by the judges), then behaviour (rates measured over tens
+of thousands of tokens, special tokens, generators, gradients, ordering). The models here are the
+course's tiny BERT and small random BERTs with their special tokens moved, never the notebook's
+`model`, so the grade doesn't depend on whether bert-base-uncased was available; the random BERTs'
+weights come from the seeds, so both sides build the same ones. The seeds come from the grader's
+per-run token, so they are never the visible tests' inputs.
 """
 import functools
+import json
 import math
 import numbers
+import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, quiet
+from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, quiet
 
 MASK_ID = 4  # the id of [MASK] in the synthetic problems below (ids 0-4 play the special tokens)
+# What answers an exercise outright: refused and flagged when the student's code reaches it.
+MASK_TOKENS_CALLS = ["transformers.data.data_collator.DataCollatorForLanguageModeling.torch_mask_tokens"]
 PIPELINE_CALLS = ["transformers.pipelines.base.Pipeline.__call__",
-                  "transformers.pipelines.fill_mask.FillMaskPipeline.__call__"]
+                  "transformers.pipelines.fill_mask.FillMaskPipeline.__call__",
+                  "transformers.pipelines.fill_mask.FillMaskPipeline.postprocess"]  # the pipeline's top-k
 
 
 # ---------------------------------------------------------------- models and oracles
@@ -32,10 +41,18 @@ def tiny_bert():
 
 
 @functools.lru_cache(maxsize=None)
+def tiny_vocab_size():
+    """The tiny BERT's vocabulary size (the random BERTs' too), read without loading the model."""
+    from courselib.tiny_bert import MODEL_DIR
+    return json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
+
+
+@functools.lru_cache(maxsize=None)
 def random_bert(seed):
     """A small randomly initialised BERT whose tokenizer puts [MASK], [CLS]... at other ids.
 
-    A fill_mask that hard-codes the tiny model's mask id, or its answers, fails here.
+    A fill_mask that hard-codes the tiny model's mask id, or its answers, fails here. Its weights
+    follow from `seed` alone, so the probe and the judge build the same model.
     """
     from transformers import BertForMaskedLM, BertTokenizerFast
 
@@ -48,7 +65,7 @@ def random_bert(seed):
     with quiet():
         shuffled = BertTokenizerFast(vocab={piece: i for i, piece in enumerate(reordered)}, do_lower_case=True,
                                      model_max_length=128, clean_up_tokenization_spaces=True)
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             config = tiny_config(len(shuffled), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=64, initializer_range=0.5)
@@ -70,12 +87,15 @@ def fill_mask_pipeline(model, tokenizer):
 
 
 def model_and_tokenizer(which):
+    """"tiny", or the seed of a random BERT."""
     return tiny_bert() if which == "tiny" else random_bert(which)
 
 
+@functools.lru_cache(maxsize=None)
 def oracle_fill_mask(which, text, top_k):
+    """Judge side: pipeline("fill-mask")'s answer, as a tuple of its dicts."""
     with quiet(), torch.no_grad():
-        return fill_mask_pipeline(*model_and_tokenizer(which))(text, top_k=top_k)
+        return tuple(fill_mask_pipeline(*model_and_tokenizer(which))(text, top_k=top_k))
 
 
 def reference_fill_mask(model, tokenizer, text, top_k=5):
@@ -87,7 +107,9 @@ def reference_fill_mask(model, tokenizer, text, top_k=5):
 # ---------------------------------------------------------------- exercise 1: mask_tokens
 def _mask_tokens(fn, input_ids, vocab_size, **kwargs):
     before = input_ids.clone()
-    result = call(fn, input_ids, MASK_ID, vocab_size, name="mask_tokens", **kwargs)
+    result = call(fn, input_ids, MASK_ID, vocab_size, name="mask_tokens", forbidden=MASK_TOKENS_CALLS,
+                  forbidden_advice="write the 80/10/10 corruption yourself; DataCollatorForLanguageModeling is "
+                                   "the oracle here, not the answer.", **kwargs)
     if not torch.equal(input_ids, before):
         raise AssertionError("mask_tokens changed input_ids in place (e.g. `input_ids[selected] = mask_token_id`): "
                              "the caller still needs the original tokens. Work on input_ids.clone().")
@@ -104,16 +126,33 @@ def _mask_tokens(fn, input_ids, vocab_size, **kwargs):
     return inputs, labels
 
 
-def ordinary_ids(seed, shape, vocab_size):
+def _pair(result, shape):
+    """Judge side: the (inputs, labels) a probe sent, as integer tensors of the input's shape."""
+    inputs, labels = result
+    for name, value in (("inputs", inputs), ("labels", labels)):
+        expect_shape(expect_tensor(value, name), shape, name, "inputs and labels have the shape of input_ids.")
+    return inputs.long(), labels.long()
+
+
+def ordinary_ids(g, shape, vocab_size):
     """Token ids that are never special: 5..vocab_size-1."""
-    return torch.randint(5, vocab_size, shape, generator=generator(seed))
+    return torch.randint(5, vocab_size, shape, generator=g)
 
 
-def mask_tokens_labels(fn):
+def labels_case(seeds):
+    return ordinary_ids(seeds.generator(8101), (6, 70), 300)
+
+
+@probe
+def mask_tokens_labels(seeds, fn):
     """Labels: the original id where a token is selected, -100 everywhere else; nothing else changes."""
-    vocab_size = 300
-    input_ids = ordinary_ids(8101, (6, 70), vocab_size)
-    inputs, labels = _mask_tokens(fn, input_ids, vocab_size, generator=generator(8102))
+    return _mask_tokens(fn, labels_case(seeds), 300, generator=seeds.generator(8102))
+
+
+@mask_tokens_labels.judge
+def judge_mask_tokens_labels(seeds, result):
+    input_ids = labels_case(seeds)
+    inputs, labels = _pair(result, input_ids.shape)
     if torch.equal(labels, input_ids):
         raise AssertionError("labels equal input_ids everywhere: labels must be -100 where nothing is predicted "
                              "(the ~85% of tokens that were not selected), so that the loss ignores them.")
@@ -143,12 +182,28 @@ def _rates(input_ids, inputs, labels):
             randomised.sum().item() / max(n_selected, 1), kept.sum().item() / max(n_selected, 1))
 
 
-def mask_tokens_rates(fn):
+RATES_VOCAB = 1000
+
+
+def rates_cases(seeds):
+    """Over 32,768 tokens with the default probability, then 16,384 with mlm_probability=0.4."""
+    return ordinary_ids(seeds.generator(8201), (64, 512), RATES_VOCAB), ordinary_ids(seeds.generator(8203), (32, 512),
+                                                                                     RATES_VOCAB)
+
+
+@probe
+def mask_tokens_rates(seeds, fn):
     """Over 32,768 tokens: 15% selected; of those 80% [MASK], 10% random, 10% unchanged (5-sigma bands)."""
-    vocab_size = 1000
-    input_ids = ordinary_ids(8201, (64, 512), vocab_size)
-    inputs, labels = _mask_tokens(fn, input_ids, vocab_size, generator=generator(8202))
-    rate, to_mask, to_random, unchanged = _rates(input_ids, inputs, labels)
+    default, higher = rates_cases(seeds)
+    return (_mask_tokens(fn, default, RATES_VOCAB, generator=seeds.generator(8202)),
+            _mask_tokens(fn, higher, RATES_VOCAB, mlm_probability=0.4, generator=seeds.generator(8204)))
+
+
+@mask_tokens_rates.judge
+def judge_mask_tokens_rates(seeds, results):
+    default, higher = rates_cases(seeds)
+    inputs, labels = _pair(results[0], default.shape)
+    rate, to_mask, to_random, unchanged = _rates(default, inputs, labels)
     summary = (f"You selected {rate:.1%} of the tokens; of those {to_mask:.1%} became [MASK], "
                f"{to_random:.1%} a random token and {unchanged:.1%} stayed unchanged.")
     if abs(rate - 0.15) > 0.012:
@@ -164,17 +219,16 @@ def mask_tokens_rates(fn):
                     "10% among the selected tokens that were NOT masked (half of the remaining 20%).")
         raise AssertionError(f"{summary} The 80/10/10 rule: 80% [MASK], 10% random, 10% unchanged.{hint}")
     # the random replacements are drawn from the whole vocabulary
-    changed = (labels != -100) & (inputs != MASK_ID) & (inputs != input_ids)
+    changed = (labels != -100) & (inputs != MASK_ID) & (inputs != default)
     drawn = inputs[changed]
-    if drawn.numel() and (drawn.min() < 0 or drawn.max() >= vocab_size):
+    if drawn.numel() and (drawn.min() < 0 or drawn.max() >= RATES_VOCAB):
         raise AssertionError("a random replacement is outside 0..vocab_size-1.")
-    if drawn.numel() > 100 and drawn.unique().numel() < 0.5 * min(drawn.numel(), vocab_size):
+    if drawn.numel() > 100 and drawn.unique().numel() < 0.5 * min(drawn.numel(), RATES_VOCAB):
         raise AssertionError(f"your {drawn.numel()} random replacements use only {drawn.unique().numel()} distinct "
                              "tokens: draw each one uniformly from the whole vocabulary, 0..vocab_size-1.")
     # another mlm_probability
-    input_ids = ordinary_ids(8203, (32, 512), vocab_size)
-    inputs, labels = _mask_tokens(fn, input_ids, vocab_size, mlm_probability=0.4, generator=generator(8204))
-    rate, to_mask, _, _ = _rates(input_ids, inputs, labels)
+    inputs, labels = _pair(results[1], higher.shape)
+    rate, to_mask, _, _ = _rates(higher, inputs, labels)
     if abs(rate - 0.4) > 0.02:
         raise AssertionError(f"with mlm_probability=0.4 you selected {rate:.1%} of the tokens: use the "
                              "mlm_probability argument, not a hard-coded 0.15.")
@@ -183,21 +237,40 @@ def mask_tokens_rates(fn):
                              "it should still be 80%.")
 
 
-def mask_tokens_special_tokens(fn):
-    """Special tokens ([CLS], [SEP], [PAD]) are never selected, whether the mask is 0/1 or bool."""
-    vocab_size = 500
-    g = generator(8301)
-    batch, length = 48, 40
-    lengths = torch.randint(5, length - 1, (batch,), generator=g)
-    input_ids = torch.randint(5, vocab_size, (batch, length), generator=g)
-    positions = torch.arange(length)
+SPECIAL_VOCAB = 500
+# 192 sequences (~4,000 ordinary tokens): the 0.05 band on the ordinary tokens' rate is then more than
+# 6 standard deviations wide, for whatever seed a run brings.
+SPECIAL_BATCH, SPECIAL_LENGTH = 192, 40
+
+
+def special_case(seeds):
+    """A batch of [CLS] ... [SEP] [PAD]... rows of random lengths, and where its special tokens are."""
+    g = seeds.generator(8301)
+    lengths = torch.randint(5, SPECIAL_LENGTH - 1, (SPECIAL_BATCH,), generator=g)
+    input_ids = torch.randint(5, SPECIAL_VOCAB, (SPECIAL_BATCH, SPECIAL_LENGTH), generator=g)
+    positions = torch.arange(SPECIAL_LENGTH)
     input_ids[:, 0] = 2                                         # [CLS]
     input_ids[positions[None, :] == lengths[:, None] + 1] = 3   # [SEP]
     input_ids[positions[None, :] > lengths[:, None] + 1] = 0    # [PAD]
-    special = (input_ids == 0) | (input_ids == 2) | (input_ids == 3)
-    for description, mask in (("a 0/1 integer tensor", special.long()), ("a bool tensor", special)):
-        inputs, labels = _mask_tokens(fn, input_ids, vocab_size, special_tokens_mask=mask,
-                                      mlm_probability=0.6, generator=generator(8302))
+    return input_ids, (input_ids == 0) | (input_ids == 2) | (input_ids == 3)
+
+
+MASK_FORMS = ("a 0/1 integer tensor", "a bool tensor")
+
+
+@probe
+def mask_tokens_special_tokens(seeds, fn):
+    """Special tokens ([CLS], [SEP], [PAD]) are never selected, whether the mask is 0/1 or bool."""
+    input_ids, special = special_case(seeds)
+    return [_mask_tokens(fn, input_ids, SPECIAL_VOCAB, special_tokens_mask=mask, mlm_probability=0.6,
+                         generator=seeds.generator(8302)) for mask in (special.long(), special)]
+
+
+@mask_tokens_special_tokens.judge
+def judge_mask_tokens_special_tokens(seeds, results):
+    input_ids, special = special_case(seeds)
+    for description, result in zip(MASK_FORMS, results):
+        inputs, labels = _pair(result, input_ids.shape)
         if (labels[special] != -100).any() or not torch.equal(inputs[special], input_ids[special]):
             count = int(((labels != -100) & special).sum())
             raise AssertionError(f"with special_tokens_mask given as {description}, {count} special tokens "
@@ -210,26 +283,38 @@ def mask_tokens_special_tokens(fn):
                                  "probability mlm_probability, and no special one.")
 
 
-def mask_tokens_generator(fn):
+GENERATOR_VOCAB = 400
+
+
+@probe
+def mask_tokens_generator(seeds, fn):
     """The same generator seed gives the same result, whatever the global RNG; other seeds differ."""
-    vocab_size = 400
-    input_ids = ordinary_ids(8401, (8, 128), vocab_size)
-    torch.manual_seed(8402)
-    first = _mask_tokens(fn, input_ids, vocab_size, generator=generator(8403))
-    torch.manual_seed(8404)
-    second = _mask_tokens(fn, input_ids, vocab_size, generator=generator(8403))
-    if not all(torch.equal(a, b) for a, b in zip(first, second)):
+    input_ids = ordinary_ids(seeds.generator(8401), (8, 128), GENERATOR_VOCAB)
+    with torch.random.fork_rng(devices=[]):  # the notebook's own random numbers stay as they were
+        torch.manual_seed(seeds.seed(8402))
+        first = _mask_tokens(fn, input_ids, GENERATOR_VOCAB, generator=seeds.generator(8403))
+        torch.manual_seed(seeds.seed(8404))
+        second = _mask_tokens(fn, input_ids, GENERATOR_VOCAB, generator=seeds.generator(8403))
+        other = _mask_tokens(fn, input_ids, GENERATOR_VOCAB, generator=seeds.generator(8405))
+        torch.manual_seed(seeds.seed(8406))
+        default_a = _mask_tokens(fn, input_ids, GENERATOR_VOCAB)
+        torch.manual_seed(seeds.seed(8406))
+        default_b = _mask_tokens(fn, input_ids, GENERATOR_VOCAB)
+    return {"first": first, "second": second, "other": other, "default_a": default_a, "default_b": default_b}
+
+
+@mask_tokens_generator.judge
+def judge_mask_tokens_generator(seeds, results):
+    shape = (8, 128)
+    pairs = {name: _pair(result, shape) for name, result in results.items()}
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(pairs[a], pairs[b]))  # noqa: E731
+    if not same("first", "second"):
         raise AssertionError("two calls with generators seeded alike gave different results: draw every random "
                              "number from `generator` (torch.rand(..., generator=generator), "
                              "torch.randint(..., generator=generator)), not from the global RNG.")
-    other = _mask_tokens(fn, input_ids, vocab_size, generator=generator(8405))
-    if torch.equal(first[1], other[1]):
+    if torch.equal(pairs["first"][1], pairs["other"][1]):
         raise AssertionError("generators with different seeds selected the same tokens: the selection must be random.")
-    torch.manual_seed(8406)
-    default_a = _mask_tokens(fn, input_ids, vocab_size)
-    torch.manual_seed(8406)
-    default_b = _mask_tokens(fn, input_ids, vocab_size)
-    if not all(torch.equal(a, b) for a, b in zip(default_a, default_b)):
+    if not same("default_a", "default_b"):
         raise AssertionError("with generator=None, mask_tokens should use torch's global RNG, so that "
                              "torch.manual_seed makes it reproducible.")
 
@@ -240,12 +325,17 @@ def _mlm_loss(fn, logits, labels):
     if not torch.is_tensor(result):
         raise AssertionError(f"mlm_loss should return a torch tensor (a scalar you can call .backward() on), "
                              f"but it returned a {type(result).__name__}. Don't call .item().")
-    expect_shape(result, (), "the loss", "mlm_loss returns one number for the whole batch: a 0-dim tensor.")
     return result
 
 
-def mlm_problem(seed, batch, length, vocab, predicted=0.3, dtype=torch.float64):
-    g = generator(seed)
+def _scalar(loss):
+    """Judge side: the loss a probe sent, checked to be one number."""
+    expect_shape(expect_tensor(loss, "the loss"), (), "the loss",
+                 "mlm_loss returns one number for the whole batch: a 0-dim tensor.")
+    return loss
+
+
+def mlm_problem(g, batch, length, vocab, predicted=0.3, dtype=torch.float64):
     logits = torch.randn(batch, length, vocab, generator=g, dtype=dtype) * 3
     labels = torch.randint(0, vocab, (batch, length), generator=g)
     labels[torch.rand(batch, length, generator=g) > predicted] = -100
@@ -270,58 +360,102 @@ def loss_diagnoses(logits, labels):
     }
 
 
-def mlm_loss_values(fn):
+LOSS_CASES = [(8501, (3, 9, 40)), (8502, (5, 4, 17))]
+TINY_SENTENCES = ["the dog slept on the rug.", "berlin is the capital of germany."]
+
+
+def tiny_loss_case(seeds):
+    """The tiny BERT's batch, and labels that predict a seeded half of its positions."""
+    model, tokenizer = tiny_bert()
+    batch = tokenizer(TINY_SENTENCES, padding=True, return_tensors="pt")
+    predicted = torch.rand(batch["input_ids"].shape, generator=seeds.generator(8503)) < 0.5
+    predicted[:, 1] = True  # the first word of each sentence, so that no row is all ignored
+    return model, batch, batch["input_ids"].masked_fill(~predicted, -100)
+
+
+@probe
+def mlm_loss_values(seeds, fn):
     """Against torch's cross_entropy (float64), then against BertForMaskedLM's own loss."""
-    for seed, shape in [(8501, (3, 9, 40)), (8502, (5, 4, 17))]:
-        logits, labels = mlm_problem(seed, *shape)
+    losses = [_mlm_loss(fn, *mlm_problem(seeds.generator(stream), *shape)) for stream, shape in LOSS_CASES]
+    model, batch, labels = tiny_loss_case(seeds)
+    with torch.no_grad(), quiet():
+        logits = model(**batch).logits
+    return losses, _mlm_loss(fn, logits, labels)
+
+
+@mlm_loss_values.judge
+def judge_mlm_loss_values(seeds, data):
+    losses, tiny_loss = data
+    for (stream, shape), loss in zip(LOSS_CASES, losses):
+        logits, labels = mlm_problem(seeds.generator(stream), *shape)
         expected = F.cross_entropy(logits.reshape(-1, shape[-1]), labels.reshape(-1), ignore_index=-100)
-        expect_close(_mlm_loss(fn, logits, labels), expected, "mlm_loss", diagnoses=loss_diagnoses(logits, labels),
+        expect_close(_scalar(loss), expected, "mlm_loss", diagnoses=loss_diagnoses(logits, labels),
                      hint="The MLM loss is the mean of -log softmax(logits)[label] over the tokens whose "
                           "label isn't -100.")
-    model, tokenizer = tiny_bert()
-    batch = tokenizer(["the dog slept on the rug.", "berlin is the capital of germany."], padding=True,
-                      return_tensors="pt")
-    labels = batch["input_ids"].clone()
-    labels[:, ::2] = -100
+    model, batch, labels = tiny_loss_case(seeds)
     with torch.no_grad(), quiet():
         output = model(**batch, labels=labels)
-    expect_close(_mlm_loss(fn, output.logits, labels), output.loss, "mlm_loss on BertForMaskedLM's logits",
+    expect_close(_scalar(tiny_loss), output.loss, "mlm_loss on BertForMaskedLM's logits",
                  "BertForMaskedLM(..., labels=labels).loss is the reference: cross-entropy over the "
                  "predicted positions only.", atol=1e-5)
 
 
-def mlm_loss_ignores_positions(fn):
-    """Ignored positions don't change the loss and get no gradient; predicted ones do."""
-    logits, labels = mlm_problem(8601, 4, 6, 11)
-    loss = _mlm_loss(fn, logits, labels)
+def ignores_case(seeds):
+    """A problem, and the same logits with large noise where the labels are -100."""
+    logits, labels = mlm_problem(seeds.generator(8601), 4, 6, 11)
     noisy = logits.clone()
-    noisy[labels == -100] += 50 * torch.randn(noisy[labels == -100].shape, generator=generator(8602),
+    noisy[labels == -100] += 50 * torch.randn(noisy[labels == -100].shape, generator=seeds.generator(8602),
                                               dtype=logits.dtype)
-    if not math.isclose(float(_mlm_loss(fn, noisy, labels)), float(loss), rel_tol=1e-9, abs_tol=1e-9):
-        raise AssertionError("changing the logits where labels are -100 changed the loss: positions that are not "
-                             "predicted must not count at all.")
+    return logits, labels, noisy
+
+
+@probe
+def mlm_loss_ignores_positions(seeds, fn):
+    """Ignored positions don't change the loss and get no gradient; predicted ones do."""
+    logits, labels, noisy = ignores_case(seeds)
+    loss, noisy_loss = _mlm_loss(fn, logits, labels), _mlm_loss(fn, noisy, labels)
     leaf = logits.clone().requires_grad_(True)
     result = _mlm_loss(fn, leaf, labels)
-    if not result.requires_grad:
+    gradient = None
+    if result.requires_grad:
+        call(lambda: result.backward(), name="loss.backward()")
+        gradient = leaf.grad
+    return {"loss": loss, "noisy_loss": noisy_loss, "requires_grad": bool(result.requires_grad), "gradient": gradient}
+
+
+@mlm_loss_ignores_positions.judge
+def judge_mlm_loss_ignores_positions(seeds, data):
+    _, labels, _ = ignores_case(seeds)
+    loss, noisy_loss = _scalar(data["loss"]), _scalar(data["noisy_loss"])
+    if not math.isclose(float(noisy_loss), float(loss), rel_tol=1e-9, abs_tol=1e-9):
+        raise AssertionError("changing the logits where labels are -100 changed the loss: positions that are not "
+                             "predicted must not count at all.")
+    if data["requires_grad"] is not True:
         raise AssertionError("loss.requires_grad is False: compute the loss with torch operations on the logits "
                              "(no .item(), .detach() or NumPy), so that training can call loss.backward().")
-    result.backward()
     ignored = labels == -100
-    if leaf.grad is None or leaf.grad[ignored].abs().max() > 0:
+    gradient = data["gradient"]
+    if gradient is None or expect_tensor(gradient, "the gradient").shape != labels.shape + (11,) \
+            or gradient[ignored].abs().max() > 0:
         raise AssertionError("the ignored positions received a gradient: they must not take part in the loss.")
-    if leaf.grad[~ignored].abs().sum(dim=-1).min() == 0:
+    if gradient[~ignored].abs().sum(dim=-1).min() == 0:
         raise AssertionError("some predicted position received no gradient: every token whose label isn't -100 "
                              "must count in the loss.")
 
 
 # ---------------------------------------------------------------- exercise 3: fill_mask
 def _fill_mask(fn, which, text, top_k=None):
+    """Probe side: the student's predictions, as they are (the judge checks their format)."""
     model, tokenizer = model_and_tokenizer(which)
     kwargs = {} if top_k is None else {"top_k": top_k}
     with torch.no_grad():
-        result = call(fn, model, tokenizer, text, name="fill_mask", forbidden=PIPELINE_CALLS,
-                      forbidden_advice="do the fill-mask by hand (tokenize, find [MASK], softmax, top-k): "
-                                       "pipeline('fill-mask') is what your answer is compared with.", **kwargs)
+        return call(fn, model, tokenizer, text, name="fill_mask", forbidden=PIPELINE_CALLS,
+                    forbidden_advice="do the fill-mask by hand (tokenize, find [MASK], softmax, top-k): "
+                                     "pipeline('fill-mask') is what your answer is compared with.", **kwargs)
+
+
+def _check_format(result, text, top_k=None):
+    """Judge side: top_k dicts (5 by default) with score, token, token_str and sequence, as the pipeline gives."""
     expected_length = 5 if top_k is None else top_k
     if not isinstance(result, list):
         raise AssertionError(f"fill_mask should return a list of dicts, like pipeline('fill-mask'), "
@@ -332,7 +466,7 @@ def _fill_mask(fn, which, text, top_k=None):
                              + (" (top_k defaults to 5)." if top_k is None else "."))
     for entry in result:
         if not isinstance(entry, dict) or set(entry) != {"score", "token", "token_str", "sequence"}:
-            found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            found = sorted(map(str, entry)) if isinstance(entry, dict) else type(entry).__name__
             raise AssertionError(f"each prediction is a dict with exactly the keys score, token, token_str and "
                                  f"sequence, as pipeline('fill-mask') returns; found {found}.")
         if torch.is_tensor(entry["score"]) or torch.is_tensor(entry["token"]):
@@ -346,11 +480,21 @@ def _fill_mask(fn, which, text, top_k=None):
     return result
 
 
-def fill_mask_format(fn):
+def format_cases(seeds):
+    return [("tiny", "the puppy slept on the [MASK].", 3), ("tiny", "[MASK] is the capital of italy.", None),
+            (seeds.seed(8711), "my rabbit likes to sleep on the [MASK].", 7)]
+
+
+@probe
+def fill_mask_format(seeds, fn):
     """The pipeline's format: top_k dicts (5 by default) with score, token, token_str, sequence."""
-    _fill_mask(fn, "tiny", "the puppy slept on the [MASK].", top_k=3)
-    _fill_mask(fn, "tiny", "[MASK] is the capital of italy.")
-    _fill_mask(fn, 8711, "my rabbit likes to sleep on the [MASK].", top_k=7)
+    return [_fill_mask(fn, *case) for case in format_cases(seeds)]
+
+
+@fill_mask_format.judge
+def judge_fill_mask_format(seeds, results):
+    for (_, text, top_k), result in zip(format_cases(seeds), results):
+        _check_format(result, text, top_k)
 
 
 def fill_mask_diagnoses(which, text, top_k):
@@ -379,17 +523,27 @@ def fill_mask_diagnoses(which, text, top_k):
     return wrong
 
 
-def fill_mask_matches_pipeline(fn):
+def pipeline_cases(seeds):
+    return [("tiny", "paris is the capital of [MASK].", 4), ("tiny", "[MASK] comes after monday.", None),
+            ("tiny", "we hear with our [MASK], and we see with our eyes.", 10),
+            (seeds.seed(8712), "the dog barked at the [MASK] all night.", 6),
+            (seeds.seed(8713), "[MASK] plays the violin.", 1)]
+
+
+@probe
+def fill_mask_matches_pipeline(seeds, fn):
     """Same tokens, same order, same strings, scores to 1e-5, on the tiny BERT and two random BERTs."""
-    cases = [("tiny", "paris is the capital of [MASK].", 4), ("tiny", "[MASK] comes after monday.", None),
-             ("tiny", "we hear with our [MASK], and we see with our eyes.", 10),
-             (8712, "the dog barked at the [MASK] all night.", 6), (8713, "[MASK] plays the violin.", 1)]
-    for which, text, top_k in cases:
-        result = _fill_mask(fn, which, text, top_k)
+    return [_fill_mask(fn, *case) for case in pipeline_cases(seeds)]
+
+
+@fill_mask_matches_pipeline.judge
+def judge_fill_mask_matches_pipeline(seeds, results):
+    for (which, text, top_k), result in zip(pipeline_cases(seeds), results):
+        _check_format(result, text, top_k)
         expected = oracle_fill_mask(which, text, 5 if top_k is None else top_k)
         where = f"for {text!r}" + ("" if which == "tiny" else " (on a small random BERT whose [MASK] id is "
                                                             f"{model_and_tokenizer(which)[1].mask_token_id})")
-        tokens = [entry["token"] for entry in result]
+        tokens = [int(entry["token"]) for entry in result]
         scores = [float(entry["score"]) for entry in result]
         expected_tokens = [entry["token"] for entry in expected]
         diagnoses = fill_mask_diagnoses(which, text, len(tokens))
@@ -416,12 +570,21 @@ def fill_mask_matches_pipeline(fn):
                                      "decode them with skip_special_tokens=True.")
 
 
-def fill_mask_scores_are_sorted_probabilities(fn):
+def sorted_cases(seeds):
+    return [("tiny", "the kitten is lying on the [MASK]."), (seeds.seed(8714), "a baby sheep is called a [MASK].")]
+
+
+@probe
+def fill_mask_scores_are_sorted_probabilities(seeds, fn):
     """Scores fall from first to last, and over the whole vocabulary they sum to 1."""
-    for which, text in (("tiny", "the kitten is lying on the [MASK]."), (8714, "a baby sheep is called a [MASK].")):
-        model, tokenizer = model_and_tokenizer(which)
-        vocab_size = model.config.vocab_size
-        result = _fill_mask(fn, which, text, top_k=vocab_size)
+    return [_fill_mask(fn, which, text, top_k=tiny_vocab_size()) for which, text in sorted_cases(seeds)]
+
+
+@fill_mask_scores_are_sorted_probabilities.judge
+def judge_fill_mask_scores_are_sorted_probabilities(seeds, results):
+    vocab_size = tiny_vocab_size()  # the random BERTs share the tiny BERT's vocabulary
+    for (_, text), result in zip(sorted_cases(seeds), results):
+        _check_format(result, text, vocab_size)
         scores = np.array([float(entry["score"]) for entry in result])
         if np.any(np.diff(scores) > 1e-9):
             raise AssertionError(f"the scores for {text!r} are not sorted: the predictions must come highest score "
@@ -429,7 +592,7 @@ def fill_mask_scores_are_sorted_probabilities(fn):
         if np.any(scores < 0) or abs(scores.sum() - 1) > 1e-4:
             raise AssertionError(f"over all {vocab_size} tokens your scores sum to {scores.sum():.4g}: they must be "
                                  "probabilities over the vocabulary, a softmax over the last axis, summing to 1.")
-        if sorted(entry["token"] for entry in result) != list(range(vocab_size)):
+        if sorted(int(entry["token"]) for entry in result) != list(range(vocab_size)):
             raise AssertionError("with top_k equal to the vocabulary size, every token id should appear once.")
 
 
@@ -445,11 +608,6 @@ TOP_K_EXAMPLES = [
 ]
 
 
-def oracle_accuracy(which, examples, k):
-    hits = [answer in [entry["token_str"] for entry in oracle_fill_mask(which, text, k)] for text, answer in examples]
-    return sum(hits) / len(examples)
-
-
 def _accuracy(fn, which, examples, k):
     model, tokenizer = model_and_tokenizer(which)
     with torch.no_grad():
@@ -463,49 +621,102 @@ def _accuracy(fn, which, examples, k):
     return float(result)
 
 
-def accuracy_diagnoses(which, examples, k):
-    hits_in = lambda kk: [answer in [e["token_str"] for e in oracle_fill_mask(which, text, kk)]  # noqa: E731
-                          for text, answer in examples]
-    in_sequence = [any(answer in e["sequence"] for e in oracle_fill_mask(which, text, k)) for text, answer in examples]
+def accuracy_cases(seeds):
+    # k = 5 and 4 on the tiny BERT: there, the right answer and each bug's answer all differ
+    return [("tiny", TOP_K_EXAMPLES, 5), ("tiny", TOP_K_EXAMPLES, 4), ("tiny", TOP_K_EXAMPLES[::2], 10),
+            (seeds.seed(8715), TOP_K_EXAMPLES, 300)]
+
+
+def ranked(which, text, cases):
+    """Judge side: the pipeline's predictions for `text`, best first, as many as the largest k any case asks
+    of this model. One call serves every k: its top K predictions begin with its top k (torch.topk sorts)."""
+    deepest = max(k for model, examples, k in cases if model == which and any(t == text for t, _ in examples))
+    return oracle_fill_mask(which, text, deepest)
+
+
+def _hits(which, examples, k, cases, where="token_str"):
+    """For each example, is the answer among the pipeline's k best token_str (or inside one of their
+    filled-in sequences)?"""
+    hits = []
+    for text, answer in examples:
+        top = ranked(which, text, cases)[:k]
+        hits.append(answer in [entry["token_str"] for entry in top] if where == "token_str"
+                    else any(answer in entry["sequence"] for entry in top))
+    return hits
+
+
+def accuracy_diagnoses(which, examples, k, cases):
+    fraction = lambda kk: sum(_hits(which, examples, kk, cases)) / len(examples)  # noqa: E731
     return {
         "you returned the number of hits; the accuracy is the fraction of examples, hits / len(examples).":
-            sum(hits_in(k)),
+            sum(_hits(which, examples, k, cases)),
         "your accuracy ignores k and only checks the top prediction: an example counts when the answer is "
-        "anywhere among the k best tokens.": sum(hits_in(1)) / len(examples),
+        "anywhere among the k best tokens.": fraction(1),
         f"your accuracy looks at the top {k - 1} predictions instead of the top {k}: an off-by-one in the "
-        "slice?": sum(hits_in(max(k - 1, 1))) / len(examples) if k > 1 else -1.0,
+        "slice?": fraction(max(k - 1, 1)) if k > 1 else -1.0,
         "you checked whether the answer appears anywhere in the filled-in sentence: compare it with the "
         "predicted token_str itself (the answer may already be elsewhere in the sentence).":
-            sum(in_sequence) / len(examples),
+            sum(_hits(which, examples, k, cases, where="sequence")) / len(examples),
     }
 
 
-def top_k_accuracy_values(fn):
+@probe
+def top_k_accuracy_values(seeds, fn):
     """Against an accuracy counted from pipeline('fill-mask'), for several k, on two models."""
-    # k = 5 and 4 on the tiny BERT: there, the right answer and each bug's answer all differ
-    for which, examples, k in (("tiny", TOP_K_EXAMPLES, 5), ("tiny", TOP_K_EXAMPLES, 4),
-                               ("tiny", TOP_K_EXAMPLES[::2], 10), (8715, TOP_K_EXAMPLES, 300)):
-        expected = oracle_accuracy(which, examples, k)
-        candidates = accuracy_diagnoses(which, examples, k)
-        values = list(candidates.values())
+    return [_accuracy(fn, which, examples, k) for which, examples, k in accuracy_cases(seeds)]
+
+
+@top_k_accuracy_values.judge
+def judge_top_k_accuracy_values(seeds, values):
+    cases = accuracy_cases(seeds)
+    for (which, examples, k), value in zip(cases, values):
+        expected = sum(_hits(which, examples, k, cases)) / len(examples)
+        candidates = accuracy_diagnoses(which, examples, k, cases)
+        wrong = list(candidates.values())
         # a misconception is named only if its answer differs from the right one and from the others'
         diagnoses = {m: v for m, v in candidates.items()
-                     if not math.isclose(v, expected) and sum(math.isclose(v, w) for w in values) == 1}
+                     if not math.isclose(v, expected) and sum(math.isclose(v, w) for w in wrong) == 1}
         model_name = "the tiny BERT" if which == "tiny" else "a small random BERT"
-        expect_close(_accuracy(fn, which, examples, k), expected,
-                     f"top_k_accuracy with k={k} on {len(examples)} examples ({model_name})", diagnoses=diagnoses,
+        expect_close(value, expected, f"top_k_accuracy with k={k} on {len(examples)} examples ({model_name})",
+                     diagnoses=diagnoses,
                      hint="The accuracy is the fraction of (text, answer) examples whose answer is one of the k "
                           "token_str that fill_mask ranks first.")
 
 
-def top_k_accuracy_grows_with_k(fn):
+GROWING_K = (1, 2, 5, 20)
+
+
+@probe
+def top_k_accuracy_grows_with_k(seeds, fn):
     """Never falls as k grows; reaches 1 when k is the vocabulary size (every answer is a token)."""
-    model, tokenizer = tiny_bert()
-    values = [_accuracy(fn, "tiny", TOP_K_EXAMPLES, k) for k in (1, 2, 5, 20)]
+    return ([_accuracy(fn, "tiny", TOP_K_EXAMPLES, k) for k in GROWING_K],
+            _accuracy(fn, "tiny", TOP_K_EXAMPLES[:4], tiny_vocab_size()))
+
+
+@top_k_accuracy_grows_with_k.judge
+def judge_top_k_accuracy_grows_with_k(seeds, data):
+    values, everything = data
+    values = [float(v) for v in values]
     if any(b < a - 1e-12 for a, b in zip(values, values[1:])):
-        raise AssertionError(f"top_k_accuracy for k = 1, 2, 5, 20 is {values}: it can never fall when k grows, "
-                             "since the top-k predictions include the top-(k-1).")
-    everything = _accuracy(fn, "tiny", TOP_K_EXAMPLES[:4], model.config.vocab_size)
-    if not math.isclose(everything, 1.0):
+        raise AssertionError(f"top_k_accuracy for k = {', '.join(map(str, GROWING_K))} is {values}: it can never "
+                             "fall when k grows, since the top-k predictions include the top-(k-1).")
+    if not math.isclose(float(everything), 1.0):
         raise AssertionError(f"with k = the vocabulary size every answer is among the predictions, so the "
-                             f"accuracy must be 1, not {everything:g}.")
+                             f"accuracy must be 1, not {float(everything):g}.")
+
+
+# ---------------------------------------------------------------- warming up the judges
+def warm_up():
+    """What the judges need first: transformers, the tiny BERT and its pipeline (seconds to load)."""
+    from transformers import BertForMaskedLM, BertTokenizerFast  # noqa: F401 (random_bert's)
+    fill_mask_pipeline(*tiny_bert())
+
+
+# The grader imports the check modules in a background thread while the kernel runs
+# (autograder/judging.py, load_checks_in_background): load what the judges need then, not after the notebook.
+# In the kernel, this module is imported by a test cell on the main thread, and loads nothing more.
+if threading.current_thread().name == "load-hidden-checks":
+    try:
+        warm_up()
+    except Exception:  # a judge that needs it will say what is wrong
+        pass
