@@ -226,6 +226,7 @@ def normalise(folder, item):
     source = grading.source_notebook(item.assignment)
     item.flags += grading.integrity_flags(nb, source)
     grading.sanitize(nb, source)
+    item.flags += grading.restore_answer_cells(nb, item.assignment)
     nbformat.write(nb, expected)
 
 

@@ -7,6 +7,7 @@ the source by grade_id and executes the notebook), then reads scores from the gr
 teaching messages from the autograded notebook.
 """
 import contextlib
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -23,6 +24,7 @@ import warnings
 import nbformat
 
 from autograder.config import SOLUTIONS_DIR, WORK_DIR, assignment_ids, guard_environment, nbgrader_config
+from autograder.submissions import is_answer_cell, released_path
 
 STUDENT_ID = "selfstudy"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -212,6 +214,34 @@ def sanitize(nb, source_nb):
         cell["id"] = f"ungraded-{index}"
 
 
+def restore_answer_cells(nb, assignment_id):
+    """Put back the answer cells a hand-in lacks (deleted, or a copy older than the course), as released.
+
+    nbgrader restores missing test cells after the cell that precedes them in the source, and crashes
+    (KeyError) when that cell is a missing answer cell; so each one goes back, still raising
+    NotImplementedError, after the nearest earlier graded cell the hand-in has. Returns the flags.
+    """
+    released = [cell for cell in nbformat.read(released_path(assignment_id), as_version=4).cells
+                if "grade_id" in cell.get("metadata", {}).get("nbgrader", {})]
+
+    def position(grade_id):
+        return next((i for i, cell in enumerate(nb.cells)
+                     if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id), None)
+
+    flags = []
+    for order, cell in enumerate(released):
+        grade_id = cell.metadata.nbgrader["grade_id"]
+        if not is_answer_cell(cell) or position(grade_id) is not None:
+            continue
+        earlier = (position(c.metadata.nbgrader["grade_id"]) for c in reversed(released[:order]))
+        anchor = next((i for i in earlier if i is not None), -1)
+        restored = nbformat.from_dict(copy.deepcopy(cell))
+        restored["id"] = grade_id
+        nb.cells.insert(anchor + 1, restored)
+        flags.append(f"answer cell '{grade_id}' was missing; the released one was put back, so its tests score 0")
+    return flags
+
+
 def _visible_part(source):
     """A test cell's source as released: the hidden-test region removed."""
     return re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
@@ -262,6 +292,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
     try:
         flags = integrity_flags(nb, source_nb)
         sanitize(nb, source_nb)
+        flags += restore_answer_cells(nb, assignment_id)
         autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout, sandbox_mode)
     except Exception as error:  # a submission must never crash the grader
         return _zero_report(assignment_id, assignment_id, source_nb,

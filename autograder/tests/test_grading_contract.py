@@ -92,6 +92,23 @@ def test_deleted_test_cell_still_catches_a_wrong_answer(grade_in_tmp):
     assert not scores_by_test(grade_in_tmp(nb, EXEMPLAR))["softmax_is_stable"].passed
 
 
+def test_hand_in_missing_answer_and_test_cells_is_graded_on_the_rest(grade_in_tmp):
+    # a copy from before the stretch exercise existed, or a student who deleted an exercise: nbgrader
+    # alone crashes (KeyError) placing the missing tests after their missing answer cell
+    nb = student_notebook(EXEMPLAR)
+    for grade_id in ("online_attention_answer", "stretch_online_attention_values",
+                     "stretch_online_attention_memory", "softmax_answer"):
+        nb = without_cell(nb, grade_id)
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert not report.errors, report.errors
+    by_test = scores_by_test(report)
+    assert not by_test["softmax_is_stable"].passed, "a deleted answer must not earn its tests' points"
+    assert by_test["self_attention_by_hand_values"].passed, "the answers that were handed in must still be graded"
+    assert report.stretch_score == 0
+    for grade_id in ("online_attention_answer", "softmax_answer"):
+        assert any(grade_id in f and "was missing" in f for f in report.flags), report.flags
+
+
 def test_edited_test_cell_is_restored_from_the_source(grade_in_tmp):
     unstable = next(v for v in variants.MUTANTS if v.name == "softmax_unstable")
     nb = student_notebook(EXEMPLAR, unstable.answers)
