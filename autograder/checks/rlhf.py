@@ -1,531 +1,990 @@
-"""Hidden checks for 11_rlhf. Each function is one grade cell's hidden part.
+"""Hidden checks for 11_rlhf. Each check is one grade cell's hidden part: a probe and a judge.
 
-Layered as the course's tests are: shape first, then values on seeded random inputs against
-independent oracles (`torch.distributions` for log-probabilities and KL, float64 NumPy formulas for
-the losses), then behaviour (gradients, numerical stability, training a model with the student's
-function). Seeds here are never used by the visible tests.
+The probe runs in the student's kernel: it builds the hidden inputs from `seeds` (token ids, masks,
+logits, rewards, the weights of small GPTs of the course's `courselib.gpt.GPT` class), calls the
+student's code through `call` and returns what it produced: log-probabilities, losses, the weights
+after an optimiser step, gradients. The judge runs in the grader: it rebuilds the same inputs and
+weights from the same seeds and compares with independent oracles:
+- `torch.distributions.Categorical` (log-probabilities) and transformers' causal-LM loss
+  `ForCausalLMLoss`, which fixes the convention: the logits at position t score token t + 1;
+- `torch.distributions.kl_divergence` for the KL;
+- float64 autograd on the rebuilt models for every gradient and optimiser step (REINFORCE, DPO,
+  the reward model), and the closed-form optimum π_ref e^{r/β} / Z of the KL-penalised objective.
+
+Every exercise is graded on its own: `reinforce_step` and `dpo_loss` get the course's reference
+`sequence_log_probs` (`courselib.rlhf`) in place of the student's. Stochastic checks state their
+false-failure rate in a comment.
 """
+import copy
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.distributions import Categorical
 from torch.distributions import kl_divergence as torch_kl_divergence
 
-from autograder.checks.common import call, expect_close, expect_shape, generator, to_numpy
+from autograder.checks.common import call, expect_close, expect_shape, probe, to_numpy
+from courselib import rlhf as course
+from courselib.gpt import GPT
 
-KL_SHORTCUTS = ["torch.distributions.kl_divergence", "torch.distributions.kl.kl_divergence"]
-NO_GRADIENT = ("the result is not connected to the inputs' gradients: build it from torch operations on "
-               "the tensors you were given (no .item(), .tolist(), .detach(), or torch.tensor(...) of Python numbers).")
+ORACLES = ["autograder.checks.rlhf.oracle_log_probs", "autograder.checks.rlhf.hf_log_probs",
+           "autograder.checks.rlhf.oracle_kl", "autograder.checks.rlhf.oracle_reinforce_gradient",
+           "autograder.checks.rlhf.oracle_dpo"]
+SEQUENCE_SHORTCUTS = ["courselib.rlhf.sequence_log_probs", "courselib.rlhf.sequence_kl",
+                      "transformers.loss.loss_utils.ForCausalLMLoss", *ORACLES]
+KL_SHORTCUTS = ["torch.distributions.kl_divergence", "torch.distributions.kl.kl_divergence",
+                "courselib.rlhf.sequence_kl", *ORACLES]
+ADVICE = "the exercise asks you to write this yourself"
+EARLIER = "(This test gives your function the course's sequence_log_probs, so only this exercise is graded.)"
+NO_GRADIENT = ("no gradient reaches the inputs: build the result from torch operations on the tensors you were given "
+               "(no .item(), .tolist(), .detach() or torch.tensor(...) of Python numbers).")
+MISALIGNED = ("your log-probs are misaligned by one position: you scored input_ids[:, t] with logits[:, t], but in a "
+              "causal LM (as in every Hugging Face model) the logits at position t predict the NEXT token, "
+              "input_ids[:, t + 1]. Compare logits[:, :-1] with input_ids[:, 1:] and mask[:, 1:].")
 
 
-def _tensor_result(result, name, what="a tensor"):
-    if not torch.is_tensor(result):
+def _pair(result, name, what):
+    if not isinstance(result, (tuple, list)) or len(result) != len(what):
+        raise AssertionError(f"{name} should return the tuple ({', '.join(what)}), but it returned "
+                             f"{type(result).__name__}" + (f" of length {len(result)}" if hasattr(result, "__len__")
+                                                           else "") + ".")
+    return tuple(result)
+
+
+def _tensor(result, name, what="a tensor"):
+    if type(result) is not torch.Tensor:
         raise AssertionError(f"{name} should return {what}, but it returned {type(result).__name__}.")
     return result
 
 
-def _unchanged(inputs, copies, name):
-    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
-        raise AssertionError(f"{name} changed one of its input tensors in place (e.g. `x -= ...`); "
-                             "compute into a new tensor so the caller's tensors survive.")
+def _unchanged(before, after, name):
+    if not all(torch.equal(a, b) for a, b in zip(before, after)):
+        raise AssertionError(f"{name} changed one of its input tensors in place (e.g. `rewards -= ...`); compute into "
+                             "a new tensor so that the caller's tensors survive.")
 
 
-def _backward(value, name):
-    try:
-        value.backward()
-    except RuntimeError as error:
-        raise AssertionError(f"{name}: .backward() failed ({error}); {NO_GRADIENT}") from None
+# ---------------------------------------------------------------- inputs the checks choose
+def episodes(g, batch, prompt_length, reply_length, vocab):
+    """Token ids (B, T) and a reply mask (B, T): a prompt, then a reply of 1..reply_length tokens, then
+    the padding a batch runs to. Row 0 has the longest reply, the last row a one-token reply."""
+    length = prompt_length + reply_length
+    ids = torch.randint(vocab, (batch, length), generator=g)
+    replies = torch.randint(1, reply_length + 1, (batch,), generator=g)
+    replies[0], replies[-1] = reply_length, 1
+    positions = torch.arange(length)
+    mask = (positions >= prompt_length) & (positions < prompt_length + replies[:, None])
+    return ids, mask
 
 
-def _logaddexp0(x):
-    """log(1 + e^x) in float64 without overflow: the oracle for -log σ(-x)."""
-    return np.logaddexp(0.0, x)
+DIMS = dict(vocab_size=11, d_model=8, num_layers=1, num_heads=2, max_positions=12)
+
+
+def seeded_gpt(g, dims=DIMS):
+    """A small GPT of the course's class in float64 with random weights from `g` (logits of order 1)."""
+    with torch.random.fork_rng():
+        model = GPT(**dims).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():   # the tied head is the token table: drawn once
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.2 * noise)
+            else:
+                p.copy_(noise * 1.5 / math.sqrt(p.shape[-1]))
+    return model
+
+
+def policy_and_reference(g, dims=DIMS, distance=0.3):
+    """A policy, and a reference policy that differs from it by `distance` times noise in every weight."""
+    policy = seeded_gpt(g, dims)
+    reference = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(distance * torch.randn(p.shape, generator=g, dtype=torch.float64) / math.sqrt(p.shape[-1]))
+    return policy, reference
+
+
+def flat(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def flat_parameters(model):
+    return flat([p.detach() for p in model.parameters()]).clone()
 
 
 # ================================================================ exercise 1: sequence_log_probs
-def oracle_sequence_log_probs(logits, tokens, mask=None):
-    """Σ_t m_t log p(tokens_t) from torch.distributions, in float64."""
-    token_log_probs = Categorical(logits=logits.detach().double()).log_prob(tokens)   # (B, T)
+def oracle_log_probs(logits, ids, mask=None):
+    """Σ_t mask[:, t] log p(ids[:, t]) with p = softmax(logits[:, t - 1]), from torch.distributions (float64).
+    Keeps the autograd graph of `logits` (the judges differentiate it)."""
+    per_token = Categorical(logits=logits[:, :-1].double()).log_prob(ids[:, 1:])          # (B, T - 1)
     if mask is not None:
-        token_log_probs = torch.where(mask, token_log_probs, torch.zeros_like(token_log_probs))
-    return token_log_probs.sum(dim=-1)
+        per_token = torch.where(mask[:, 1:], per_token, torch.zeros_like(per_token))
+    return per_token.sum(dim=-1)
 
 
-def sequence_problem(seed, batch, length, vocab, scale=1.0):
-    """Random logits and tokens with padding at the end of some rows (row 0 full, last row length 1)."""
-    g = generator(seed)
-    logits = torch.randn(batch, length, vocab, generator=g) * scale
-    tokens = torch.randint(vocab, (batch, length), generator=g)
-    lengths = torch.randint(1, length + 1, (batch,), generator=g)
-    lengths[0], lengths[-1] = length, 1
-    mask = torch.arange(length) < lengths[:, None]
-    return logits, tokens, mask
+def hf_log_probs(logits, ids, mask):
+    """The same from transformers' causal-LM loss (which shifts the labels itself): -loss summed per row."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    labels = ids.masked_fill(~mask, -100)
+    return torch.stack([-ForCausalLMLoss(logits[b:b + 1], labels[b:b + 1], vocab_size=logits.shape[-1],
+                                         num_items_in_batch=1) for b in range(len(ids))]).double()
 
 
-def sequence_diagnoses(logits, tokens, mask):
+def sequence_diagnoses(logits, ids, mask=None):
     """What buggy versions of sequence_log_probs return, keyed by the misconception."""
+    if mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        mask[:, 0] = False
     log_probs = torch.log_softmax(logits.double(), dim=-1)
-    picked = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)                  # (B, T)
-    raw = logits.double().gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    counted = mask.double()
-    shifted = (log_probs[:, :-1].gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1) * counted[:, 1:]).sum(-1)
+    m = mask.double()
+    no_shift = log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)                         # logits[t] scores ids[t]
+    shifted = log_probs[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)           # the right pairs
+    wrong_way = log_probs[:, 1:].gather(-1, ids[:, :-1].unsqueeze(-1)).squeeze(-1)         # logits[t + 1] scores ids[t]
+    raw = logits.double()[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    counted = m[:, 1:]
     return {
-        "you summed over the padding too: positions where mask is False must add nothing "
-        "(multiply by the mask, or zero them with masked_fill).": picked.sum(-1),
-        "you summed probabilities, not log-probabilities: use log_softmax, not softmax.":
-            (picked.exp() * counted).sum(-1),
-        "you summed the tokens' raw logits: normalise them with log_softmax first.": (raw * counted).sum(-1),
+        MISALIGNED: (no_shift * m).sum(-1),
+        "you shifted the logits and the tokens but not the mask: the mask belongs to input_ids, so the tokens you "
+        "score, input_ids[:, 1:], are counted by mask[:, 1:].": (shifted * m[:, :-1]).sum(-1),
+        "you shifted the wrong way: logits[:, t] predicts input_ids[:, t + 1], so drop the LAST position of the "
+        "logits and the FIRST token: logits[:, :-1] against input_ids[:, 1:].": (wrong_way * m[:, 1:]).sum(-1),
+        "your log-probs are misaligned by one the other way (logits[:, t + 1] scoring input_ids[:, t]); the logits at "
+        "t score the token at t + 1.": (wrong_way * m[:, :-1]).sum(-1),
+        "you summed over every position, prompt and padding included: only the tokens where mask is True count.":
+            shifted.sum(-1),
+        "you used the mask the wrong way round: True means 'this token counts'.": (shifted * (1 - counted)).sum(-1),
+        "you summed probabilities, not log-probabilities: use log_softmax.": (shifted.exp() * counted).sum(-1),
+        "you summed the raw logits: normalise them with log_softmax first.": (raw * counted).sum(-1),
         "you averaged over the positions; a sequence's log-probability is their sum (the chain rule).":
-            (picked * counted).sum(-1) / counted.sum(-1),
-        "you shifted logits and tokens by one position, but these logits are already aligned: "
-        "logits[:, t] scores tokens[:, t].": shifted,
-        "you used the mask the wrong way round: True means 'this token counts'.": (picked * (1 - counted)).sum(-1),
+            (shifted * counted).sum(-1) / counted.sum(-1).clamp(min=1),
     }
 
 
-def _sequence_log_probs(fn, logits, tokens, mask=None):
-    args = (logits, tokens) if mask is None else (logits, tokens, mask)
-    copies = [a.detach().clone() for a in args]
-    result = call(fn, *args, name="sequence_log_probs")
-    _unchanged([a.detach() for a in args], copies, "sequence_log_probs")
-    return _tensor_result(result, "sequence_log_probs", "a (B,) tensor")
+def _sequence_log_probs(fn, logits, ids, mask=None):
+    args = (logits, ids) if mask is None else (logits, ids, mask)
+    before = [a.detach().clone() for a in args]
+    result = call(fn, *args, name="sequence_log_probs", forbidden=SEQUENCE_SHORTCUTS, forbidden_advice=ADVICE)
+    _unchanged(before, [a.detach() for a in args], "sequence_log_probs")
+    return _tensor(result, "sequence_log_probs", "a (B,) tensor")
 
 
-def sequence_log_probs_shapes(fn):
-    for seed, (batch, length, vocab), masked in [(9001, (4, 6, 11), False), (9002, (2, 3, 5), True),
-                                                  (9003, (7, 1, 2), True)]:
-        logits, tokens, mask = sequence_problem(seed, batch, length, vocab)
-        result = _sequence_log_probs(fn, logits, tokens, mask if masked else None)
-        expect_shape(result, (batch,), f"sequence_log_probs of ({batch}, {length}, {vocab}) logits",
-                     "One log-probability per sequence: sum over the positions (dim 1) and keep the batch.")
+def sequence_problem(g, batch, prompt_length, reply_length, vocab, scale=2.0):
+    ids, mask = episodes(g, batch, prompt_length, reply_length, vocab)
+    logits = torch.randn(batch, prompt_length + reply_length, vocab, generator=g) * scale
+    return logits, ids, mask
 
 
-def sequence_log_probs_values(fn):
-    for seed, (batch, length, vocab) in [(9101, (5, 7, 13)), (9102, (3, 4, 50))]:
-        logits, tokens, mask = sequence_problem(seed, batch, length, vocab, scale=2.0)
-        expect_close(_sequence_log_probs(fn, logits, tokens, mask), oracle_sequence_log_probs(logits, tokens, mask),
-                     f"sequence_log_probs of a ({batch}, {length}, {vocab}) batch with padding",
-                     "Take log_softmax over the vocabulary, pick each token's entry, sum where mask is True.",
-                     diagnoses=sequence_diagnoses(logits, tokens, mask))
-    logits, tokens, mask = sequence_problem(9103, 3, 5, 6)
-    expect_close(_sequence_log_probs(fn, logits, tokens), oracle_sequence_log_probs(logits, tokens),
-                 "sequence_log_probs with mask=None", "Without a mask, every position counts.",
-                 diagnoses=sequence_diagnoses(logits, tokens, torch.ones_like(mask)))
+SHAPE_CASES = [((4, 2, 4, 11), True), ((2, 1, 2, 5), True), ((3, 3, 3, 7), False)]
 
 
-def sequence_log_probs_masks_and_gradients(fn):
-    # Confident float32 logits: the chosen tokens have probabilities like e^-300, which softmax rounds to 0.
-    g = generator(9201)
-    logits = torch.randn(3, 4, 6, generator=g) * 80
-    tokens = logits.argmin(dim=-1)
-    mask = torch.ones(3, 4, dtype=torch.bool)
-    mask[1, 2:] = False
-    result = _sequence_log_probs(fn, logits, tokens, mask)
-    if not np.all(np.isfinite(to_numpy(result, "sequence_log_probs"))):
-        raise AssertionError("sequence_log_probs returned -inf or NaN for confident logits: the probability of an "
-                             "unlikely token rounds to 0 in float32, and log(0) = -inf. Use torch.log_softmax, "
-                             "which computes logits - logsumexp(logits) without forming the tiny probability.")
-    expect_close(result, oracle_sequence_log_probs(logits, tokens, mask), "sequence_log_probs for confident logits",
-                 rtol=1e-5, atol=1e-3)
+@probe
+def sequence_log_probs_shapes(seeds, fn):
+    results = []
+    for i, (case, masked) in enumerate(SHAPE_CASES):
+        logits, ids, mask = sequence_problem(seeds.generator(100 + i), *case)
+        results.append(_sequence_log_probs(fn, logits, ids, mask if masked else None))
+    return results
 
-    # Gradients: d/dlogits of Σ_t m_t log softmax(logits_t)[y_t] is m_t (onehot(y_t) - softmax(logits_t)).
-    logits, tokens, mask = sequence_problem(9202, 3, 5, 7)
+
+@sequence_log_probs_shapes.judge
+def judge_sequence_log_probs_shapes(seeds, results):
+    for ((batch, prompt, reply, vocab), masked), result in zip(SHAPE_CASES, results):
+        expect_shape(result, (batch,), f"sequence_log_probs of ({batch}, {prompt + reply}, {vocab}) logits"
+                     + ("" if masked else " with mask=None"),
+                     "One log-probability per sequence: sum over the positions and keep the batch dimension.")
+
+
+VALUE_CASES = [(5, 4, 6, 13), (3, 1, 5, 50), (6, 7, 3, 9)]
+
+
+@probe
+def sequence_log_probs_values(seeds, fn):
+    results = [_sequence_log_probs(fn, *sequence_problem(seeds.generator(200 + i), *case))
+               for i, case in enumerate(VALUE_CASES)]
+    logits, ids, _ = sequence_problem(seeds.generator(210), 3, 2, 5, 6)
+    return {"masked": results, "unmasked": _sequence_log_probs(fn, logits, ids)}
+
+
+@sequence_log_probs_values.judge
+def judge_sequence_log_probs_values(seeds, data):
+    for i, (case, result) in enumerate(zip(VALUE_CASES, data["masked"])):
+        logits, ids, mask = sequence_problem(seeds.generator(200 + i), *case)
+        batch, prompt, reply, vocab = case
+        expect_close(result, hf_log_probs(logits, ids, mask),
+                     f"sequence_log_probs of a ({batch}, {prompt + reply}, {vocab}) batch (a prompt of {prompt}, then "
+                     "replies), against transformers' causal-LM loss", rtol=1e-4, atol=1e-4,
+                     hint="logits[:, t] scores input_ids[:, t + 1]: log_softmax(logits[:, :-1]), pick input_ids[:, 1:], "
+                          "sum where mask[:, 1:] is True.",
+                     diagnoses=sequence_diagnoses(logits, ids, mask))
+    logits, ids, _ = sequence_problem(seeds.generator(210), 3, 2, 5, 6)
+    expect_close(data["unmasked"], oracle_log_probs(logits, ids), "sequence_log_probs with mask=None",
+                 "Without a mask every predicted token counts: positions 1..T-1 (nothing predicts token 0).",
+                 diagnoses=sequence_diagnoses(logits, ids))
+
+
+def _confident_problem(seeds):
+    # float32 logits of ±hundreds: the tokens picked are the least likely, with probabilities like e^-300
+    g = seeds.generator(300)
+    logits = torch.randn(3, 6, 7, generator=g) * 80
+    ids = torch.cat([torch.zeros(3, 1, dtype=torch.long), logits[:, :-1].argmin(dim=-1)], dim=1)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[:, 0] = False
+    mask[1, 4:] = False
+    return logits, ids, mask
+
+
+@probe
+def sequence_log_probs_stable_and_differentiable(seeds, fn):
+    confident = _sequence_log_probs(fn, *_confident_problem(seeds))
+    logits, ids, mask = sequence_problem(seeds.generator(310), 3, 2, 4, 7)
     leaf = logits.clone().requires_grad_(True)
-    result = _sequence_log_probs(fn, leaf, tokens, mask)
+    result = _sequence_log_probs(fn, leaf, ids, mask)
     if not result.requires_grad:
-        raise AssertionError(f"sequence_log_probs: no gradient can reach the logits; {NO_GRADIENT}")
-    weights = torch.randn(3, generator=generator(9203))
-    _backward((result * weights).sum(), "sequence_log_probs")
+        raise AssertionError(f"sequence_log_probs: {NO_GRADIENT}")
+    weights = torch.randn(3, generator=seeds.generator(311))
+    try:
+        (result * weights).sum().backward()
+    except RuntimeError as error:
+        raise AssertionError(f"sequence_log_probs: .backward() failed ({error}); {NO_GRADIENT}") from None
     if leaf.grad is None:
-        raise AssertionError(f"sequence_log_probs: no gradient reached the logits; {NO_GRADIENT}")
-    per_position = (F.one_hot(tokens, 7).double() - torch.softmax(logits.double(), dim=-1)) * weights.double()[:, None, None]
-    expect_close(leaf.grad, per_position * mask[..., None], "the gradient of sequence_log_probs with respect to the logits",
-                 diagnoses={"padding positions received a gradient: masked positions must not contribute at all.":
-                            per_position})
+        raise AssertionError(f"sequence_log_probs: {NO_GRADIENT}")
+    return {"confident": confident, "gradient": leaf.grad}
 
 
-def sequence_log_probs_trains_a_model(fn):
-    """Maximum likelihood through the student's function must recover the data's word frequencies."""
-    g = generator(9301)
-    batch, length, vocab = 400, 5, 6
-    true_probs = torch.softmax(torch.randn(length, vocab, generator=g) * 1.5, dim=-1)
-    tokens = torch.multinomial(true_probs.repeat(batch, 1), 1, generator=g).view(batch, length)
-    lengths = torch.randint(1, length + 1, (batch,), generator=g)
-    mask = torch.arange(length) < lengths[:, None]
-    tokens = tokens.masked_fill(~mask, 0)  # padded with id 0, which is also a real word
-    table = torch.zeros(length, vocab, requires_grad=True)
-    optimizer = torch.optim.Adam([table], lr=0.1)
-    for _ in range(150):
-        log_likelihood = _tensor_result(call(fn, table.expand(batch, length, vocab), tokens, mask,
-                                             name="sequence_log_probs"), "sequence_log_probs")
-        if not log_likelihood.requires_grad:
-            raise AssertionError(f"sequence_log_probs cannot train a model: {NO_GRADIENT}")
-        loss = -log_likelihood.mean()
-        optimizer.zero_grad()
-        _backward(loss, "sequence_log_probs")
-        optimizer.step()
-    one_hot = F.one_hot(tokens, vocab).double()
-    counted = one_hot * mask[..., None]
-    empirical = counted.sum(0) / counted.sum(dim=(0, 2))[:, None]
-    with_padding = one_hot.mean(0)
-    expect_close(torch.softmax(table.detach(), dim=-1), empirical,
-                 "the next-word probabilities learned by maximising your sequence_log_probs on hidden data",
-                 "Maximum likelihood should recover how often each word appears at each position.",
-                 diagnoses={"the model learned to predict the padding: masked positions must add nothing to the "
-                            "log-likelihood, so they give no gradient.": with_padding},
-                 rtol=0.0, atol=0.02)
+@sequence_log_probs_stable_and_differentiable.judge
+def judge_sequence_log_probs_stable_and_differentiable(seeds, data):
+    logits, ids, mask = _confident_problem(seeds)
+    if not np.all(np.isfinite(to_numpy(data["confident"], "sequence_log_probs"))):
+        raise AssertionError("sequence_log_probs returned -inf or NaN for confident logits: the probability of an "
+                             "unlikely token rounds to 0 in float32, and log(0) = -inf. Use torch.log_softmax, which "
+                             "computes logits - logsumexp(logits) without forming the tiny probability.")
+    expect_close(data["confident"], oracle_log_probs(logits, ids, mask), "sequence_log_probs for confident logits",
+                 rtol=1e-5, atol=1e-2, diagnoses=sequence_diagnoses(logits, ids, mask))
+    # d/dlogits[b, t] of Σ_t m[b, t+1] log softmax(logits[b, t])[ids[b, t+1]] is m (onehot - softmax); the last
+    # position predicts nothing, so its gradient is 0.
+    logits, ids, mask = sequence_problem(seeds.generator(310), 3, 2, 4, 7)
+    weights = torch.randn(3, generator=seeds.generator(311)).double()
+    per_position = F.one_hot(ids[:, 1:], 7).double() - torch.softmax(logits[:, :-1].double(), dim=-1)
+    expected = torch.zeros(3, 6, 7, dtype=torch.float64)
+    expected[:, :-1] = per_position * mask[:, 1:, None] * weights[:, None, None]
+    no_shift = (F.one_hot(ids, 7).double() - torch.softmax(logits.double(), dim=-1)) * mask[..., None] * weights[:, None, None]
+    expect_close(data["gradient"], expected, "the gradient of sequence_log_probs with respect to the logits",
+                 "Only the logits that score a counted token get a gradient; the last position predicts nothing.",
+                 diagnoses={MISALIGNED: no_shift,
+                            "positions outside the mask received a gradient: masked tokens must add nothing.":
+                                torch.cat([per_position * weights[:, None, None], torch.zeros(3, 1, 7)], dim=1)})
 
 
-# ================================================================ exercise 2: preference_loss
-def reference_preference_loss(r_chosen, r_rejected):
-    """Handed to the student's dpo_loss in place of their own preference_loss (see common.call)."""
-    return -F.logsigmoid(r_chosen - r_rejected).mean()
+# ================================================================ exercise 2: reward_model_step
+RM_VOCAB, RM_LR = 15, 0.5
 
 
-def oracle_preference_loss(r_chosen, r_rejected):
-    margin = (r_chosen.detach().double() - r_rejected.detach().double()).numpy()
-    return _logaddexp0(-margin).mean()
+def reward_problem(g, n=12, scale=1.0, dtype=torch.float32, mirrored=False):
+    """Weights, a batch of pairs (one of them a tie) and leftover gradients. `mirrored`: the second half of
+    the pairs is the first half swapped, so that margins of both signs are certain."""
+    weights = (torch.randn(RM_VOCAB, generator=g) * scale).to(dtype)
+    chosen, chosen_mask = episodes(g, n, 3, 6, RM_VOCAB)
+    rejected, rejected_mask = episodes(g, n, 3, 6, RM_VOCAB)
+    rejected[1], rejected_mask[1] = chosen[1], chosen_mask[1]      # one tie: identical replies
+    if mirrored:
+        half = n // 2
+        chosen[half:], chosen_mask[half:] = rejected[:half].clone(), rejected_mask[:half].clone()
+        rejected[half:], rejected_mask[half:] = chosen[:half].clone(), chosen_mask[:half].clone()
+    junk = torch.randn(RM_VOCAB, generator=g).to(dtype)            # gradients left over from elsewhere
+    return weights, (chosen, chosen_mask, rejected, rejected_mask), junk
 
 
-def preference_diagnoses(r_chosen, r_rejected):
-    margin = (r_chosen.double() - r_rejected.double()).numpy()
-    sigmoid = 1 / (1 + np.exp(-margin))
-    return {
-        "the sign is reversed: -log σ(r_rejected - r_chosen) is small when the REJECTED reply has the higher "
-        "reward. The loss is -log σ(r_chosen - r_rejected).": _logaddexp0(margin).mean(),
-        "you returned log σ(r_chosen - r_rejected), the log-likelihood; the loss to minimise is its negative.":
-            -_logaddexp0(-margin).mean(),
-        "you summed over the pairs; take the mean, so the loss doesn't grow with the batch.":
-            _logaddexp0(-margin).sum(),
-        "you used σ without the log: the Bradley–Terry loss is -log σ(r_chosen - r_rejected).": -sigmoid.mean(),
-        "you used 1 - σ without the log: the Bradley–Terry loss is -log σ(r_chosen - r_rejected).": (1 - sigmoid).mean(),
+def _reward_model_step(fn, weights, batch, junk):
+    model = course.BagOfWordsReward(RM_VOCAB).to(weights.dtype)
+    with torch.no_grad():
+        model.token_reward.copy_(weights)
+    model.token_reward.grad = junk.clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=RM_LR)
+    before = [t.clone() for t in batch]
+    result = call(fn, model, optimizer, *batch, name="reward_model_step")
+    _unchanged(before, batch, "reward_model_step")
+    loss, accuracy = _pair(result, "reward_model_step", ("loss", "accuracy"))
+    numbers = []
+    for name, value in (("loss", loss), ("accuracy", accuracy)):
+        try:
+            numbers.append(float(value))
+        except (TypeError, ValueError, RuntimeError):
+            raise AssertionError(f"reward_model_step should return the {name} as a number (e.g. loss.item()), but it "
+                                 f"returned {type(value).__name__}.") from None
+    return {"loss": numbers[0], "accuracy": numbers[1], "weights": model.token_reward.detach().clone()}
+
+
+def counts(ids, mask):
+    """(N, V) how many times each token appears where mask is True."""
+    return (F.one_hot(ids, RM_VOCAB).double() * mask[..., None]).sum(dim=1)
+
+
+def reward_step_oracle(weights, batch, junk):
+    """Bradley–Terry by hand in float64: margins, loss, accuracy, and the weights after one SGD step, with
+    what common mistakes would have produced instead."""
+    chosen, chosen_mask, rejected, rejected_mask = batch
+    difference = counts(chosen, chosen_mask) - counts(rejected, rejected_mask)          # (N, V)
+    w = weights.double()
+    margin = difference @ w
+    gradient = -(torch.sigmoid(-margin)[:, None] * difference).mean(dim=0)              # d/dw of mean -log σ(m)
+    step = {
+        "right": w - RM_LR * gradient,
+        "the gradients were not zeroed first: the optimizer already held gradients (from another batch), and "
+        "backward() ADDS to them. Call optimizer.zero_grad() before loss.backward().":
+            w - RM_LR * (gradient + junk.double()),
+        "the sign is reversed: -log σ(r_rejected - r_chosen) trains the model to prefer the REJECTED replies. "
+        "The loss is -log σ(r_chosen - r_rejected).": w - RM_LR * (torch.sigmoid(margin)[:, None] * difference).mean(0),
+        "you summed the loss over the pairs: take the mean, so that the step size doesn't grow with the batch.":
+            w - RM_LR * len(margin) * gradient,
+        "the loss is missing its log: the Bradley–Terry loss is -log σ(r_chosen - r_rejected), not -σ(...).":
+            w + RM_LR * (torch.sigmoid(margin) * torch.sigmoid(-margin))[:, None].mul(difference).mean(0),
+        "the weights did not change: call optimizer.step() after loss.backward().": w,
     }
+    return margin, F.softplus(-margin).mean(), (margin > 0).double().mean(), step
 
 
-def _preference_loss(fn, r_chosen, r_rejected):
-    copies = [r_chosen.detach().clone(), r_rejected.detach().clone()]
-    result = call(fn, r_chosen, r_rejected, name="preference_loss")
-    _unchanged([r_chosen.detach(), r_rejected.detach()], copies, "preference_loss")
-    _tensor_result(result, "preference_loss", "a scalar tensor (the reward model trains by calling .backward() on it)")
-    expect_shape(result, (), "preference_loss(r_chosen, r_rejected)", "Return the mean over the pairs: a scalar.")
-    return result
+def _judge_reward_step(data, weights, batch, junk, what):
+    margin, loss, accuracy, step = reward_step_oracle(weights, batch, junk)
+    new_margin = (counts(batch[0], batch[1]) - counts(batch[2], batch[3])) @ step["right"]
+    expect_close(data["loss"], loss, f"the loss reward_model_step returned ({what})", rtol=1e-4, atol=1e-4,
+                 hint="-log σ(r_chosen - r_rejected), averaged over the pairs, measured before the update.",
+                 diagnoses={"you returned the loss after the update: measure it on the batch before the step.":
+                            F.softplus(-new_margin).mean(),
+                            "the sign is reversed: the loss must be small when the CHOSEN reply has the higher reward, "
+                            "-log σ(r_chosen - r_rejected).": F.softplus(margin).mean(),
+                            "you returned the summed loss: take the mean over the pairs.": F.softplus(-margin).sum()})
+    expect_close(data["accuracy"], accuracy, f"the accuracy reward_model_step returned ({what})", atol=1e-6,
+                 hint="the share of pairs in which the chosen reply gets the strictly higher reward, before the update.",
+                 diagnoses={"a tie is not a win: count the pairs with r_chosen > r_rejected, strictly (one pair here has "
+                            "two identical replies).": (margin >= 0).double().mean(),
+                            "you measured the accuracy after the update: measure it on the batch before the step.":
+                                (new_margin > 0).double().mean()})
+    right = step.pop("right")
+    expect_close(data["weights"], right, f"the reward model's weights after reward_model_step ({what})",
+                 rtol=1e-4, atol=1e-4, diagnoses=step,
+                 hint="zero_grad, the Bradley–Terry loss of this batch, backward, step: one SGD step of -log σ(r_w - r_l).")
 
 
-def preference_loss_values(fn):
-    g = generator(9401)
-    problems = [(torch.randn(n, generator=g) * 2, torch.randn(n, generator=g) * 2) for n in (9, 1, 32)]
-    results = [float(_preference_loss(fn, *problem)) for problem in problems]
-    expected = [oracle_preference_loss(*problem) for problem in problems]
-    if np.ptp(results) < 1e-9 and np.ptp(expected) > 1e-3:
-        raise AssertionError(f"preference_loss returned {results[0]:.6g} for three different batches of rewards: it "
-                             "must be computed from r_chosen and r_rejected (a constant only fits the visible test).")
-    for (r_chosen, r_rejected), result in zip(problems, results):
-        expect_close(result, oracle_preference_loss(r_chosen, r_rejected), f"preference_loss of {len(r_chosen)} pairs",
-                     "-log σ(r_chosen - r_rejected), averaged over the pairs.",
-                     diagnoses=preference_diagnoses(r_chosen, r_rejected))
-    r_chosen, r_rejected = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
-    expect_close(_preference_loss(fn, r_chosen, r_rejected), oracle_preference_loss(r_chosen, r_rejected),
-                 "preference_loss of float64 rewards", diagnoses=preference_diagnoses(r_chosen, r_rejected))
+@probe
+def reward_model_step_update(seeds, fn):
+    return _reward_model_step(fn, *reward_problem(seeds.generator(400)))
 
 
-def preference_loss_is_stable(fn):
-    for dtype, margins in [(torch.float32, [-1000.0, -150.0, -95.0, -20.0, 0.0, 20.0, 95.0, 150.0, 1000.0]),
-                           (torch.float64, [-5000.0, -800.0, -3.0, 800.0, 5000.0])]:
-        margin = torch.tensor(margins, dtype=dtype)
-        r_chosen = (margin + 7.0).requires_grad_(True)
-        r_rejected = torch.full_like(margin, 7.0)
-        loss = _preference_loss(fn, r_chosen, r_rejected)
-        worst = min(margins)
-        if not np.isfinite(float(loss.detach())):
-            raise AssertionError(f"preference_loss is inf or NaN for a margin of {worst:g} in {dtype}: σ({worst:g}) "
-                                 "rounds to 0 and log(0) = -inf. Use F.logsigmoid(x) (or -F.softplus(-x)), which "
-                                 "never forms σ(x).")
-        expect_close(loss, oracle_preference_loss(r_chosen, r_rejected),
-                     f"preference_loss for margins from {worst:g} to {max(margins):g} ({dtype})", rtol=1e-5, atol=1e-4)
-        if not loss.requires_grad:
-            raise AssertionError(f"preference_loss: {NO_GRADIENT}")
-        _backward(loss, "preference_loss")
-        expected_grad = -torch.sigmoid(-margin.double()) / len(margins)
-        expect_close(r_chosen.grad, expected_grad, f"the gradient of preference_loss with respect to r_chosen ({dtype})",
-                     "d/dr_chosen of -log σ(m) is -σ(-m) / N: about -1/N when the chosen reply is far behind. "
-                     "log(sigmoid(x)) has a NaN or 0 gradient there; F.logsigmoid does not.")
+@reward_model_step_update.judge
+def judge_reward_model_step_update(seeds, data):
+    _judge_reward_step(data, *reward_problem(seeds.generator(400)), "12 pairs")
 
 
-def synthetic_comparisons(seed, n_train, n_test, n_words=12, noise=0.5):
-    """Replies as word counts, a hidden linear taste and Bradley–Terry annotators."""
-    g = generator(seed)
-    word_value = torch.randn(n_words, generator=g)
+def _large_margin_problem(seeds):
+    # weights of ±100s: margins of hundreds, where σ(m) rounds to 0 or 1 in float32
+    return reward_problem(seeds.generator(410), n=10, scale=60.0, mirrored=True)
+
+
+@probe
+def reward_model_step_is_stable(seeds, fn):
+    return _reward_model_step(fn, *_large_margin_problem(seeds))
+
+
+@reward_model_step_is_stable.judge
+def judge_reward_model_step_is_stable(seeds, data):
+    if not np.isfinite(data["loss"]) or not np.all(np.isfinite(to_numpy(data["weights"], "weights"))):
+        raise AssertionError("reward_model_step gives inf or NaN when the reward margins are in the hundreds: σ(-300) "
+                             "rounds to 0 in float32 and log(0) = -inf. Use F.logsigmoid(x) (or -F.softplus(-x)), "
+                             "which never forms σ(x).")
+    _judge_reward_step(data, *_large_margin_problem(seeds), "margins in the hundreds")
+
+
+# A reward model trained with the student's step on hidden comparisons: replies are bags of RM_VOCAB
+# tokens, the annotators' taste is a hidden linear score of the bag, and they choose with Bradley–Terry
+# noise. Over 300 seeds a correct step came within 0.032 (worst case, mean 0.010) of the accuracy of the
+# hidden taste itself on 2,000 held-out pairs; the test allows 0.06, and a sign error scores below 0.5.
+ACCURACY_GAP = 0.06
+
+
+def synthetic_comparisons(g, n_train=400, n_test=2000, noise=0.5):
+    taste = torch.randn(RM_VOCAB, generator=g)
 
     def pairs(n):
-        a = torch.randint(0, 3, (n, n_words), generator=g).float()
-        b = torch.randint(0, 3, (n, n_words), generator=g).float()
-        a_wins = (torch.rand(n, generator=g) < torch.sigmoid((a - b) @ word_value / noise))[:, None]
-        return torch.where(a_wins, a, b), torch.where(a_wins, b, a)
+        a, a_mask = episodes(g, n, 2, 6, RM_VOCAB)
+        b, b_mask = episodes(g, n, 2, 6, RM_VOCAB)
+        s_a, s_b = counts(a, a_mask).float() @ taste, counts(b, b_mask).float() @ taste
+        a_wins = (torch.rand(n, generator=g) < torch.sigmoid((s_a - s_b) / noise))[:, None]
+        return (torch.where(a_wins, a, b), torch.where(a_wins, a_mask, b_mask),
+                torch.where(a_wins, b, a), torch.where(a_wins, b_mask, a_mask))
 
-    return pairs(n_train), pairs(n_test)
+    return taste, pairs(n_train), pairs(n_test)
 
 
-REWARD_MODEL_ACCURACY = 0.90  # a correct loss reaches about 94%; the noisy annotators agree with the true taste on about 95%
+@probe
+def reward_model_accuracy(seeds, fn):
+    _, train, _ = synthetic_comparisons(seeds.generator(420))
+    model = course.BagOfWordsReward(RM_VOCAB)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    for _ in range(60):
+        call(fn, model, optimizer, *train, name="reward_model_step")
+    return model.token_reward.detach().clone()
 
 
-def reward_model_accuracy(fn):
-    """A linear reward model trained with the student's loss on hidden comparisons, scored on held-out pairs."""
-    (train_chosen, train_rejected), (test_chosen, test_rejected) = synthetic_comparisons(9501, 600, 3000)
-    weights = torch.zeros(train_chosen.shape[1], requires_grad=True)
-    optimizer = torch.optim.Adam([weights], lr=0.05)
-    for _ in range(200):
-        loss = _tensor_result(call(fn, train_chosen @ weights, train_rejected @ weights, name="preference_loss"),
-                              "preference_loss", "a scalar tensor")
-        if not loss.requires_grad:
-            raise AssertionError(f"preference_loss cannot train a reward model: {NO_GRADIENT}")
-        optimizer.zero_grad()
-        _backward(loss, "preference_loss")
-        optimizer.step()
+@reward_model_accuracy.judge
+def judge_reward_model_accuracy(seeds, weights):
+    taste, _, (chosen, chosen_mask, rejected, rejected_mask) = synthetic_comparisons(seeds.generator(420))
+    difference = counts(chosen, chosen_mask) - counts(rejected, rejected_mask)
+    learned = (difference @ torch.as_tensor(to_numpy(weights, "the reward model's weights")) > 0).double().mean().item()
+    best = (difference @ taste.double() > 0).double().mean().item()
+    if learned < 0.5:
+        raise AssertionError(f"a reward model trained with your reward_model_step on hidden comparisons prefers the "
+                             f"REJECTED reply on {1 - learned:.0%} of held-out pairs: the loss pushes the rewards the "
+                             "wrong way (a sign error), or the step goes uphill.")
+    if learned < best - ACCURACY_GAP:
+        raise AssertionError(f"a reward model trained with your reward_model_step on hidden comparisons agrees with "
+                             f"the annotators on {learned:.1%} of held-out pairs; their own taste reaches {best:.1%}, "
+                             f"and a correct step comes within {ACCURACY_GAP:.0%} of it. Is it one step of "
+                             "-log σ(r_chosen - r_rejected) on the whole batch, after zero_grad?")
+
+
+# ================================================================ exercise 3: sequence_kl
+def oracle_kl(policy_logits, reference_logits, mask):
+    per_position = torch_kl_divergence(Categorical(logits=policy_logits[:, :-1].double()),
+                                       Categorical(logits=reference_logits[:, :-1].double()))     # (B, T - 1)
+    return (per_position * mask[:, 1:]).sum(dim=-1)
+
+
+def kl_diagnoses(policy_logits, reference_logits, mask):
+    lp, lq = torch.log_softmax(policy_logits.double(), -1), torch.log_softmax(reference_logits.double(), -1)
+    p, q = lp.exp(), lq.exp()
+    m = mask.double()
+
+    def summed(per_position, shift=True):
+        return (per_position[:, :-1] * m[:, 1:]).sum(-1) if shift else (per_position * m).sum(-1)
+
+    forward = (p * (lp - lq)).sum(-1)                                                                  # (B, T)
+    return {
+        "you computed KL(π_ref || π), the other direction: the KL is not symmetric. RLHF's penalty averages "
+        "log π - log π_ref under the POLICY, π: Σ_v π_v (log π_v - log π_ref_v).": summed((q * (lq - lp)).sum(-1)),
+        "your KL is misaligned by one position: the distribution at logits[:, t] produces the NEXT token, "
+        "input_ids[:, t + 1] (the causal-LM convention), so it counts where mask[:, t + 1] is True: use "
+        "logits[:, :-1] with mask[:, 1:].": summed(forward, shift=False),
+        "you shifted the logits but not the mask: the distribution at logits[:, t] produces input_ids[:, t + 1], so "
+        "it counts where mask[:, t + 1] is True: use mask[:, 1:] with logits[:, :-1].":
+            (forward[:, :-1] * m[:, :-1]).sum(-1),
+        "you summed over every position: only the positions that produce a reply token count.": forward[:, :-1].sum(-1),
+        "you used softmax where log_softmax belongs: Σ p (p - q) is not the KL.": summed((p * (p - q)).sum(-1)),
+        "you used raw logits as log-probabilities: normalise them with log_softmax first.":
+            summed((p * (policy_logits.double() - reference_logits.double())).sum(-1)),
+        "you averaged over the vocabulary; the KL sums over it.": summed((p * (lp - lq)).mean(-1)),
+        "you forgot to weight by π: KL = Σ_v π_v (log π_v - log π_ref_v).": summed((lp - lq).sum(-1)),
+        "you computed the cross-entropy -Σ π log π_ref; the KL also subtracts π's entropy.": summed(-(p * lq).sum(-1)),
+    }
+
+
+def _sequence_kl(fn, policy_logits, reference_logits, mask):
+    before = [policy_logits.clone(), reference_logits.clone(), mask.clone()]
+    result = call(fn, policy_logits, reference_logits, mask, name="sequence_kl", forbidden=KL_SHORTCUTS,
+                  forbidden_advice="write Σ_v π_v (log π_v - log π_ref_v) yourself: torch.distributions.kl_divergence "
+                                   "is the oracle the tests compare with")
+    _unchanged(before, [policy_logits, reference_logits, mask], "sequence_kl")
+    return _tensor(result, "sequence_kl", "a (B,) tensor")
+
+
+def kl_problem(g, batch, prompt_length, reply_length, vocab, scale=2.0):
+    ids, mask = episodes(g, batch, prompt_length, reply_length, vocab)
+    length = prompt_length + reply_length
+    return (torch.randn(batch, length, vocab, generator=g) * scale,
+            torch.randn(batch, length, vocab, generator=g) * scale, mask)
+
+
+KL_CASES = [(4, 3, 5, 10), (2, 1, 4, 7), (5, 6, 2, 30)]
+
+
+@probe
+def sequence_kl_values(seeds, fn):
+    return [_sequence_kl(fn, *kl_problem(seeds.generator(500 + i), *case)) for i, case in enumerate(KL_CASES)]
+
+
+@sequence_kl_values.judge
+def judge_sequence_kl_values(seeds, results):
+    for i, (case, result) in enumerate(zip(KL_CASES, results)):
+        policy_logits, reference_logits, mask = kl_problem(seeds.generator(500 + i), *case)
+        batch, prompt, reply, vocab = case
+        expect_shape(result, (batch,), f"sequence_kl of ({batch}, {prompt + reply}, {vocab}) logits",
+                     "One KL per sequence: sum over the vocabulary, then over the counted positions.")
+        expect_close(result, oracle_kl(policy_logits, reference_logits, mask),
+                     f"sequence_kl of a ({batch}, {prompt + reply}, {vocab}) batch",
+                     "Σ over the positions t < T-1 with mask[:, t + 1] of Σ_v π_v (log π_v - log π_ref_v), with "
+                     "log π = log_softmax(policy_logits[:, t]).",
+                     diagnoses=kl_diagnoses(policy_logits, reference_logits, mask))
+
+
+def _kl_properties_problem(seeds):
+    g = seeds.generator(510)
+    policy_logits, reference_logits, mask = kl_problem(g, 6, 2, 5, 9, scale=2.0)
+    shift = torch.randn(6, 7, 1, generator=g) * 10                       # a constant per position
+    sharp_p, sharp_q, sharp_mask = kl_problem(g, 4, 2, 3, 10, scale=60.0)   # probabilities that round to 0
+    return policy_logits, reference_logits, mask, shift, (sharp_p, sharp_q, sharp_mask)
+
+
+@probe
+def sequence_kl_properties(seeds, fn):
+    policy_logits, reference_logits, mask, shift, sharp = _kl_properties_problem(seeds)
+    return {"same": _sequence_kl(fn, policy_logits, policy_logits.clone(), mask),
+            "shifted": _sequence_kl(fn, policy_logits, reference_logits + shift, mask),
+            "sharp": _sequence_kl(fn, *sharp)}
+
+
+@sequence_kl_properties.judge
+def judge_sequence_kl_properties(seeds, data):
+    policy_logits, reference_logits, mask, shift, sharp = _kl_properties_problem(seeds)
+    expect_close(data["same"], torch.zeros(6), "sequence_kl of a policy with itself",
+                 "A distribution is at KL 0 from itself.")
+    expect_close(data["shifted"], oracle_kl(policy_logits, reference_logits, mask),
+                 "sequence_kl after adding a constant to each position's reference logits",
+                 "Adding a constant to every logit doesn't change the softmax: normalise with log_softmax.",
+                 diagnoses=kl_diagnoses(policy_logits, reference_logits + shift, mask))
+    result = to_numpy(data["sharp"], "sequence_kl")
+    if not np.all(np.isfinite(result)):
+        raise AssertionError("sequence_kl is inf or NaN for confident logits: softmax rounds small probabilities to 0 "
+                             "in float32, log(0) = -inf and 0 · -inf is NaN. Compute log π and log π_ref with "
+                             "log_softmax, and π as log_π.exp().")
+    expect_close(result, oracle_kl(*sharp), "sequence_kl for confident logits", rtol=1e-4, atol=1e-2,
+                 diagnoses=kl_diagnoses(*sharp))
+
+
+# ================================================================ exercise 4: reinforce_step
+RL_LR = 0.1
+
+
+def reinforce_problem(g, batch=8, prompt_length=3, reply_length=5):
+    policy, reference = policy_and_reference(g)
+    ids, mask = episodes(g, batch, prompt_length, reply_length, DIMS["vocab_size"])
+    rewards = torch.randn(batch, generator=g, dtype=torch.float64) * 2
+    junk = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in policy.parameters()]
+    return policy, reference, ids, mask, rewards, junk
+
+
+def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
+    reference.requires_grad_(True)     # a frozen reference would hide a graph built through it
+    for p, j in zip(policy.parameters(), junk):
+        p.grad = j.clone()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=RL_LR)
+    reference_before = flat_parameters(reference)
+    inputs = [ids, mask, rewards]
+    before = [t.clone() for t in inputs]
+    result = call(fn, policy, reference, optimizer, ids, mask, rewards, beta, name="reinforce_step",
+                  helpers={"sequence_log_probs": course.sequence_log_probs})
+    _unchanged(before, inputs, "reinforce_step")
+    penalized, log_ratio = _pair(result, "reinforce_step", ("penalized", "log_ratio"))
+    for name, value in (("penalized", penalized), ("log_ratio", log_ratio)):
+        _tensor(value, f"reinforce_step's {name}", "a (B,) tensor")
+        if value.requires_grad:
+            raise AssertionError(f"reinforce_step's {name} still carries a gradient: the penalised reward is a number "
+                                 "the update is weighted by, not something to differentiate (detach it, or compute "
+                                 "it under torch.no_grad()).")
+    return {"penalized": penalized, "log_ratio": log_ratio, "after": flat_parameters(policy),
+            "reference_moved": not torch.equal(reference_before, flat_parameters(reference)),
+            "reference_grads": [name for name, p in reference.named_parameters()
+                                if p.grad is not None and p.grad.abs().sum() > 0]}
+
+
+def oracle_reinforce_gradient(policy, reference, ids, mask, rewards, beta, baseline="leave-one-out",
+                              detach=True, direction=1.0, scale=1.0):
+    """The gradient the REINFORCE surrogate -mean((R - b) log π(y)) gives, R = r - β (log π(y) - log π_ref(y)).
+    The keyword arguments give what common mistakes compute instead."""
+    log_probs = oracle_log_probs(policy(ids), ids, mask)                                   # (B,) with a graph
     with torch.no_grad():
-        accuracy = ((test_chosen - test_rejected) @ weights > 0).float().mean().item()
-    if accuracy < 0.5:
-        raise AssertionError(f"a reward model trained with your preference_loss on hidden comparisons ranks the "
-                             f"rejected reply higher on {1 - accuracy:.0%} of held-out pairs: your loss pushes the "
-                             "rewards the wrong way (a sign error).")
-    if accuracy < REWARD_MODEL_ACCURACY:
-        raise AssertionError(f"a reward model trained with your preference_loss on hidden comparisons reached only "
-                             f"{accuracy:.1%} held-out pair accuracy (at least {REWARD_MODEL_ACCURACY:.0%} expected). "
-                             "Is the loss -log σ(r_chosen - r_rejected), with a gradient?")
+        reference_log_probs = oracle_log_probs(reference(ids), ids, mask)
+    log_ratio = (log_probs if not detach else log_probs.detach()) - reference_log_probs
+    penalized = rewards - beta * direction * log_ratio
+    if baseline == "leave-one-out":
+        b = (penalized.sum() - penalized) / (len(penalized) - 1)
+    elif baseline == "mean":
+        b = penalized.mean()
+    elif baseline == "own":
+        b = penalized
+    else:
+        b = torch.zeros_like(penalized)
+    loss = -((penalized - b) * log_probs).mean() * scale
+    return flat(torch.autograd.grad(loss, list(policy.parameters()), allow_unused=True, materialize_grads=True))
 
 
-# ================================================================ exercise 3: kl_divergence
-def oracle_kl(logits_p, logits_q):
-    return torch_kl_divergence(Categorical(logits=logits_p.double()), Categorical(logits=logits_q.double()))
+def reinforce_penalized_oracle(policy, reference, ids, mask, rewards):
+    with torch.no_grad():
+        log_ratio = oracle_log_probs(policy(ids), ids, mask) - oracle_log_probs(reference(ids), ids, mask)
+    return log_ratio
 
 
-def kl_diagnoses(logits_p, logits_q):
-    p64, q64 = logits_p.double(), logits_q.double()
-    log_p, log_q = torch.log_softmax(p64, dim=-1), torch.log_softmax(q64, dim=-1)
-    p, q = log_p.exp(), log_q.exp()
-    return {
-        "your arguments are swapped: this is KL(q || p). KL(p || q) averages log p - log q under p, the FIRST "
-        "argument.": (q * (log_q - log_p)).sum(-1),
-        "you used softmax where log_softmax belongs: Σ p (p - q) is not the KL, which compares log-probabilities.":
-            (p * (p - q)).sum(-1),
-        "you used the raw logits as log-probabilities: normalise them with log_softmax first.": (p * (p64 - q64)).sum(-1),
-        "you averaged over the vocabulary; the KL sums over it.": (p * (log_p - log_q)).mean(-1),
-        "you forgot to weight by p: KL(p || q) = Σ p (log p - log q).": (log_p - log_q).sum(-1),
-        "you computed the cross-entropy -Σ p log q; the KL also subtracts p's entropy: Σ p (log p - log q).":
-            -(p * log_q).sum(-1),
+PENALTY_BETAS = (0.4, 2.5)
+
+
+@probe
+def reinforce_step_penalized_reward(seeds, fn):
+    results = []
+    for i, beta in enumerate(PENALTY_BETAS):
+        policy, reference, ids, mask, rewards, junk = reinforce_problem(seeds.generator(600 + i))
+        data = _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk)
+        results.append({"penalized": data["penalized"], "log_ratio": data["log_ratio"]})
+    return results
+
+
+@reinforce_step_penalized_reward.judge
+def judge_reinforce_step_penalized_reward(seeds, results):
+    for i, (beta, data) in enumerate(zip(PENALTY_BETAS, results)):
+        policy, reference, ids, mask, rewards, _ = reinforce_problem(seeds.generator(600 + i))
+        log_ratio = reinforce_penalized_oracle(policy, reference, ids, mask, rewards)
+        expect_close(data["log_ratio"], log_ratio, f"reinforce_step's log_ratio (β = {beta})",
+                     "log π(y) - log π_ref(y) of each sampled reply: the policy's sequence log-prob minus the "
+                     "reference's, both from sequence_log_probs with the reply mask. " + EARLIER,
+                     diagnoses={"log_ratio has the wrong direction: it is log π(y) - log π_ref(y), the policy's minus "
+                                "the reference's (the one-sample estimate of KL(π || π_ref)).": -log_ratio})
+        r = rewards
+        expect_close(data["penalized"], r - beta * log_ratio, f"reinforce_step's penalised rewards (β = {beta})",
+                     "R = reward - β (log π(y) - log π_ref(y)).",
+                     diagnoses={
+                         "the KL penalty has the wrong direction or sign: a reply that is likelier under the policy "
+                         "than under the reference must PAY, R = reward - β (log π - log π_ref).": r + beta * log_ratio,
+                         "β multiplies the reward instead of the KL term: R = reward - β (log π - log π_ref).":
+                             beta * r - log_ratio,
+                         "β is missing: R = reward - β (log π - log π_ref).": r - log_ratio,
+                         "you divided by β; the penalty is β times the log-ratio.": r - log_ratio / beta,
+                         "you returned the advantage (R minus the baseline), not the penalised reward R itself.":
+                             (lambda R: R - (R.sum() - R) / (len(R) - 1))(r - beta * log_ratio),
+                     })
+
+
+@probe
+def reinforce_step_update(seeds, fn):
+    policy, reference, ids, mask, rewards, junk = reinforce_problem(seeds.generator(610))
+    return _reinforce_step(fn, policy, reference, ids, mask, rewards, 0.7, junk)
+
+
+@reinforce_step_update.judge
+def judge_reinforce_step_update(seeds, data):
+    policy, reference, ids, mask, rewards, junk = reinforce_problem(seeds.generator(610))
+    before = flat_parameters(policy)
+    step = (before - torch.as_tensor(to_numpy(data["after"], "the policy's weights"))) / RL_LR   # the gradient used
+    args = (policy, reference, ids, mask, rewards, 0.7)
+    right = oracle_reinforce_gradient(*args)
+    diagnoses = {
+        "your baseline includes the sample's own reward (the batch mean): then b depends on y_i and the gradient is "
+        "biased, shrunk by (B - 1) / B. Use the mean of the OTHER samples' rewards, (Σ_j R_j - R_i) / (B - 1).":
+            oracle_reinforce_gradient(*args, baseline="mean"),
+        "there is no baseline: subtract the leave-one-out mean of the other samples' penalised rewards from R.":
+            oracle_reinforce_gradient(*args, baseline="none"),
+        "the policy did not change: either every advantage R - b is 0 (a baseline equal to each sample's own "
+        "reward; it must not depend on the sample it is subtracted from), or optimizer.step() was never called.":
+            torch.zeros_like(right),
+        "the gradient flowed through the penalised reward: R weighs the log-prob and must be a constant (compute "
+        "it from detached log-probs, or under torch.no_grad()).": oracle_reinforce_gradient(*args, detach=False),
+        "the gradients were not zeroed first: the optimizer already held gradients, and backward() ADDS to them. "
+        "Call optimizer.zero_grad() before loss.backward().": right + flat(junk),
+        "the update goes the wrong way: minimise -mean(advantage · log π(y)) (REINFORCE ascends the reward).": -right,
+        "you summed over the batch: take the mean of advantage · log π(y).":
+            oracle_reinforce_gradient(*args, scale=len(rewards)),
+        "the KL penalty has the wrong direction or sign: R = reward - β (log π - log π_ref).":
+            oracle_reinforce_gradient(*args, direction=-1.0),
     }
+    scale = right.abs().max().item()
+    expect_close(step, right, "the policy's update by reinforce_step (one SGD step)", rtol=1e-4, atol=1e-5 * scale,
+                 hint="zero_grad; R = reward - β (log π - log π_ref) as a constant; advantage = R - (Σ_j R_j - R_i) / "
+                      "(B - 1); loss = -mean(advantage · log π(y)); backward; step. " + EARLIER,
+                 diagnoses=diagnoses)
+    if data["reference_grads"] or data["reference_moved"]:
+        raise AssertionError("reinforce_step gave the reference policy gradients"
+                             + (" and changed its weights" if data["reference_moved"] else "")
+                             + f" ({', '.join(data['reference_grads'][:3])}...): the reference is frozen. Compute its "
+                               "log-probs under torch.no_grad().")
 
 
-def _kl(fn, logits_p, logits_q):
-    copies = [logits_p.clone(), logits_q.clone()]
-    result = call(fn, logits_p, logits_q, name="kl_divergence", forbidden=KL_SHORTCUTS,
-                  forbidden_advice="write Σ p (log p - log q) yourself: torch.distributions.kl_divergence is "
-                                   "the oracle the tests compare with.")
-    _unchanged([logits_p, logits_q], copies, "kl_divergence")
-    return _tensor_result(result, "kl_divergence")
+# A one-token bandit with a table policy: the KL-penalised objective E[r] - β KL(π || π_ref) has its optimum at
+# π* ∝ π_ref e^{r/β}. 300 Adam steps of the student's reinforce_step on 64 samples each, with the policy's
+# probabilities averaged over the last 100 steps. Over 300 seeds a correct step ended within 0.0015 (total
+# variation) of π* in the worst case; the test allows 0.02. Steps with no penalty or the penalty's sign flipped
+# ended 0.062 or more away (median 0.64).
+BANDIT_VOCAB, BANDIT_BETA, BANDIT_STEPS, BANDIT_BATCH, BANDIT_TOLERANCE = 6, 0.5, 300, 64, 0.02
 
 
-def kl_divergence_values(fn):
-    g = generator(9601)
-    for shape in [(3, 5, 7), (2, 9), (4, 2, 3, 5)]:
-        logits_p, logits_q = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
-        result = _kl(fn, logits_p, logits_q)
-        hint = "One KL per position: sum over the last dimension (the vocabulary) only."
-        if tuple(result.shape) == shape:
-            hint = "You kept the vocabulary dimension: sum p (log p - log q) over it."
-        expect_shape(result, shape[:-1], f"kl_divergence of {shape} logits", hint)
-    for seed, shape, scale in [(9602, (4, 6, 10), 2.0), (9603, (5, 3), 0.5)]:
-        g = generator(seed)
-        logits_p, logits_q = torch.randn(*shape, generator=g) * scale, torch.randn(*shape, generator=g) * scale
-        expect_close(_kl(fn, logits_p, logits_q), oracle_kl(logits_p, logits_q), f"kl_divergence of {shape} logits",
-                     "KL(p || q) = Σ_v p_v (log p_v - log q_v) with log p = log_softmax(logits_p).",
-                     diagnoses=kl_diagnoses(logits_p, logits_q))
+class TablePolicy(nn.Module):
+    """logits (B, T, V) from a (T, V) table: position t's next-token distribution, whatever the tokens."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = nn.Parameter(table.clone())
+
+    def forward(self, ids):
+        return self.table.expand(ids.shape[0], -1, -1)
 
 
-def kl_divergence_properties(fn):
-    g = generator(9611)
-    logits_p, logits_q = torch.randn(5, 8, generator=g) * 2, torch.randn(5, 8, generator=g) * 2
-    expect_close(_kl(fn, logits_p, logits_p), torch.zeros(5), "KL(p || p)", "A distribution is at KL 0 from itself.")
-    shift = torch.randn(5, 1, generator=g) * 10
-    expect_close(_kl(fn, logits_p, logits_q + shift), oracle_kl(logits_p, logits_q),
-                 "KL(p || q) after adding a constant to each position's logits of q",
-                 "Adding a constant to all logits doesn't change the softmax: normalise with log_softmax.",
-                 diagnoses=kl_diagnoses(logits_p, logits_q + shift))
-    many_p, many_q = torch.randn(200, 6, generator=g) * 3, torch.randn(200, 6, generator=g) * 3
-    if to_numpy(_kl(fn, many_p, many_q), "kl_divergence").min() < -1e-5:
-        raise AssertionError("kl_divergence returned a negative value; a KL divergence is never negative. "
-                             "Did you weight by q instead of p, or leave out the normalisation?")
-    # Confident float32 logits: many probabilities round to 0, and 0 · log 0 must count as 0.
-    sharp_p, sharp_q = torch.randn(4, 3, 10, generator=g) * 60, torch.randn(4, 3, 10, generator=g) * 60
-    result = _kl(fn, sharp_p, sharp_q)
-    if not np.all(np.isfinite(to_numpy(result, "kl_divergence"))):
-        raise AssertionError("kl_divergence is inf or NaN for confident logits: softmax rounds small probabilities to "
-                             "0 in float32, log(0) = -inf, and 0 · -inf is NaN. Compute log p and log q with "
-                             "log_softmax, and p as log_p.exp().")
-    expect_close(result, oracle_kl(sharp_p, sharp_q), "kl_divergence for confident logits", rtol=1e-4, atol=1e-3)
+def bandit_problem(seeds):
+    g = seeds.generator(620)
+    reference_logits = torch.randn(2, BANDIT_VOCAB, generator=g, dtype=torch.float64)
+    rewards = torch.rand(BANDIT_VOCAB, generator=g, dtype=torch.float64) * 2 - 1
+    return reference_logits, rewards
 
 
-# ================================================================ exercise 4: kl_penalized_reward
-def oracle_penalized_reward(reward, logp_policy, logp_ref, beta):
-    return reward.double().numpy() - float(beta) * (logp_policy.double().numpy() - logp_ref.double().numpy())
+@probe
+def reinforce_step_finds_the_optimum(seeds, fn):
+    reference_logits, rewards = bandit_problem(seeds)
+    policy, reference = TablePolicy(reference_logits), TablePolicy(reference_logits).requires_grad_(False)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=0.05)
+    g = seeds.generator(621)
+    mask = torch.tensor([[False, True]]).expand(BANDIT_BATCH, 2)
+    averaged = torch.zeros(BANDIT_VOCAB, dtype=torch.float64)
+    for step in range(BANDIT_STEPS):
+        with torch.no_grad():
+            actions = torch.multinomial(torch.softmax(policy.table[0], dim=-1), BANDIT_BATCH, replacement=True,
+                                        generator=g)
+        ids = torch.stack([torch.zeros_like(actions), actions], dim=1)                     # (B, 2): prompt, reply
+        call(fn, policy, reference, optimizer, ids, mask, rewards[actions], BANDIT_BETA, name="reinforce_step",
+             helpers={"sequence_log_probs": course.sequence_log_probs})
+        if step >= BANDIT_STEPS - 100:
+            averaged += torch.softmax(policy.table[0].detach(), dim=-1) / 100
+    return averaged
 
 
-def penalized_diagnoses(reward, logp_policy, logp_ref, beta):
-    r, lp, lr = (t.double().numpy() for t in (reward, logp_policy, logp_ref))
-    return {
-        "β multiplies the reward instead of the KL term: it must be reward - β (log π - log π_ref).":
-            beta * r - (lp - lr),
-        "the penalty has the wrong sign: a reply likelier under the policy than under the reference must pay, "
-        "reward - β (log π - log π_ref).": r + beta * (lp - lr),
-        "β multiplies only log π; it must multiply the whole difference, reward - β (log π - log π_ref).":
-            r - beta * lp + lr,
-        "β multiplies only log π_ref; it must multiply the whole difference, reward - β (log π - log π_ref).":
-            r - lp + beta * lr,
-        "β is missing: reward - β (log π - log π_ref).": r - (lp - lr),
-        "you divided by β; the penalty is β times the log-ratio.": r - (lp - lr) / beta,
-    }
-
-
-def _penalized(fn, reward, logp_policy, logp_ref, beta):
-    copies = [reward.clone(), logp_policy.clone(), logp_ref.clone()]
-    result = call(fn, reward, logp_policy, logp_ref, beta, name="kl_penalized_reward")
-    _unchanged([reward, logp_policy, logp_ref], copies, "kl_penalized_reward")
-    return _tensor_result(result, "kl_penalized_reward")
-
-
-def penalized_problem(seed, shape, dtype=torch.float32):
-    g = generator(seed)
-    reward = torch.randn(*shape, generator=g, dtype=dtype) * 3
-    logp_ref = -torch.rand(*shape, generator=g, dtype=dtype) * 20
-    logp_policy = logp_ref + torch.randn(*shape, generator=g, dtype=dtype) * 2
-    return reward, logp_policy, logp_ref
-
-
-def kl_penalized_reward_values(fn):
-    for seed, shape, beta, dtype in [(9701, (6,), 0.3, torch.float32), (9702, (3, 4), 2.5, torch.float32),
-                                     (9703, (5,), 0.05, torch.float64)]:
-        reward, logp_policy, logp_ref = penalized_problem(seed, shape, dtype)
-        result = _penalized(fn, reward, logp_policy, logp_ref, beta)
-        expect_shape(result, shape, f"kl_penalized_reward of {shape} tensors", "The penalty applies elementwise.")
-        expect_close(result, oracle_penalized_reward(reward, logp_policy, logp_ref, beta),
-                     f"kl_penalized_reward with β = {beta}", "reward - β (log π - log π_ref).",
-                     diagnoses=penalized_diagnoses(reward, logp_policy, logp_ref, beta))
-
-
-def kl_penalized_reward_behaviour(fn):
-    reward, logp_policy, logp_ref = penalized_problem(9711, (8,))
-    expect_close(_penalized(fn, reward, logp_policy, logp_ref, 0.0), reward, "kl_penalized_reward with β = 0",
-                 "With β = 0 there is no penalty: the reward comes back unchanged.")
-    expect_close(_penalized(fn, reward, logp_ref.clone(), logp_ref, 3.7), reward,
-                 "kl_penalized_reward when log π = log π_ref", "Equal log-probs mean no penalty, whatever β.")
-    one = to_numpy(_penalized(fn, reward, logp_policy, logp_ref, 1.0), "kl_penalized_reward")
-    three = to_numpy(_penalized(fn, reward, logp_policy, logp_ref, 3.0), "kl_penalized_reward")
-    expect_close(three - one, -2.0 * (logp_policy - logp_ref).double(),
-                 "the change of the penalised reward from β = 1 to β = 3",
-                 "The penalty grows linearly with β: raising β by 2 subtracts 2 (log π - log π_ref) more.")
-    per_token = penalized_problem(9712, (4, 6))
-    expect_close(_penalized(fn, *per_token, 0.2), oracle_penalized_reward(*per_token, 0.2),
-                 "kl_penalized_reward of per-token (4, 6) tensors", "The penalty applies elementwise, at any shape.")
+@reinforce_step_finds_the_optimum.judge
+def judge_reinforce_step_finds_the_optimum(seeds, averaged):
+    reference_logits, rewards = bandit_problem(seeds)
+    optimum = torch.softmax(reference_logits[0] + rewards / BANDIT_BETA, dim=-1)
+    reached = torch.as_tensor(to_numpy(averaged, "the policy's probabilities"))
+    distance = 0.5 * (reached - optimum).abs().sum().item()
+    if not math.isfinite(distance) or distance > BANDIT_TOLERANCE:
+        greedy = torch.zeros(BANDIT_VOCAB, dtype=torch.float64)
+        greedy[rewards.argmax()] = 1
+        hint = ("it drifted towards the single best reply, as with no KL penalty at all: is β (log π - log π_ref) "
+                "subtracted from the reward?" if 0.5 * (reached - greedy).abs().sum() < distance else
+                "check the update with the tests above.")
+        raise AssertionError(
+            f"on a one-token problem, 300 steps of your reinforce_step (β = {BANDIT_BETA}) ended at probabilities "
+            f"{np.round(reached.numpy(), 3).tolist()}, {distance:.3f} (total variation) from the optimum of the "
+            f"KL-penalised objective, π* ∝ π_ref e^(r/β) = {np.round(optimum.numpy(), 3).tolist()}; a correct step "
+            f"comes within {BANDIT_TOLERANCE}: {hint}")
 
 
 # ================================================================ exercise 5: dpo_loss
-def dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
-    pc, pr, rc, rr = (t.detach().double().numpy() for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
-    return float(beta) * ((pc - rc) - (pr - rr))
+def dpo_problem(g, batch=6, mirrored=False):
+    """Models and a batch of pairs. `mirrored`: the second half is the first half swapped, so that
+    margins of both signs are certain."""
+    policy, reference = policy_and_reference(g)
+    chosen, chosen_mask = episodes(g, batch, 3, 5, DIMS["vocab_size"])
+    rejected, rejected_mask = episodes(g, batch, 3, 5, DIMS["vocab_size"])
+    rejected[:, :3] = chosen[:, :3]                 # the two replies answer the same prompt
+    if mirrored:
+        half = batch // 2
+        chosen[half:], chosen_mask[half:] = rejected[:half].clone(), rejected_mask[:half].clone()
+        rejected[half:], rejected_mask[half:] = chosen[:half].clone(), chosen_mask[:half].clone()
+    return policy, reference, (chosen, chosen_mask, rejected, rejected_mask)
 
 
-def oracle_dpo_loss(*args):
-    return _logaddexp0(-dpo_margin(*args)).mean()
-
-
-def dpo_diagnoses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
-    pc, pr, rc, rr = (t.detach().double().numpy() for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
-    z = beta * ((pc - rc) - (pr - rr))
-    return {
-        "chosen and rejected are swapped (a sign error): the loss must fall as the chosen reply's log-ratio rises, "
-        "-log σ(β [(log π(y_w) - log π_ref(y_w)) - (log π(y_l) - log π_ref(y_l))]).": _logaddexp0(z).mean(),
-        "β multiplies only the policy's log-probs; it multiplies both log-ratios, reference included.":
-            _logaddexp0(-(beta * (pc - pr) - (rc - rr))).mean(),
-        "β multiplies only the reference's log-probs; it multiplies both log-ratios, policy included.":
-            _logaddexp0(-((pc - pr) - beta * (rc - rr))).mean(),
-        "β is outside the log-sigmoid: the loss is -log σ(β · margin), not -β log σ(margin).":
-            (beta * _logaddexp0(-(z / beta))).mean(),
-        "the reference log-probs are added; each implicit reward is β (log π - log π_ref).":
-            _logaddexp0(-beta * ((pc + rc) - (pr + rr))).mean(),
-        "the reference model is missing: the implicit reward is β log(π / π_ref), not β log π.":
-            _logaddexp0(-beta * (pc - pr)).mean(),
-        "you summed over the pairs; take the mean.": _logaddexp0(-z).sum(),
-        "you returned log σ(...), the log-likelihood; the loss is its negative.": -_logaddexp0(-z).mean(),
-    }
-
-
-def _dpo(fn, *args):
-    copies = [a.detach().clone() for a in args[:4]]
-    result = call(fn, *args, name="dpo_loss", helpers={"preference_loss": reference_preference_loss})
-    _unchanged([a.detach() for a in args[:4]], copies, "dpo_loss")
-    _tensor_result(result, "dpo_loss", "a scalar tensor (the policy trains by calling .backward() on it)")
-    expect_shape(result, (), "dpo_loss(...)", "Return the mean over the pairs: a scalar.")
-    return result
-
-
-def dpo_problem(seed, batch, dtype=torch.float32, spread=3.0):
-    g = generator(seed)
-    ref_chosen = -5 - torch.rand(batch, generator=g, dtype=dtype) * 25
-    ref_rejected = -5 - torch.rand(batch, generator=g, dtype=dtype) * 25
-    policy_chosen = ref_chosen + torch.randn(batch, generator=g, dtype=dtype) * spread
-    policy_rejected = ref_rejected + torch.randn(batch, generator=g, dtype=dtype) * spread
-    return policy_chosen, policy_rejected, ref_chosen, ref_rejected
-
-
-def dpo_loss_values(fn):
-    problems = [(dpo_problem(9801, 8), 0.1), (dpo_problem(9802, 1), 0.5), (dpo_problem(9803, 16), 2.0),
-                (dpo_problem(9804, 5, torch.float64), 0.3)]
-    results = [float(_dpo(fn, *logps, beta)) for logps, beta in problems]
-    expected = [oracle_dpo_loss(*logps, beta) for logps, beta in problems]
-    if np.ptp(results) < 1e-9 and np.ptp(expected) > 1e-3:
-        raise AssertionError(f"dpo_loss returned {results[0]:.6g} for four different batches: it must be computed "
-                             "from its arguments (a constant only fits the visible test).")
-    for (logps, beta), result in zip(problems, results):
-        expect_close(result, oracle_dpo_loss(*logps, beta), f"dpo_loss of {len(logps[0])} pairs with β = {beta}",
-                     "-log σ(β [(log π(y_w) - log π_ref(y_w)) - (log π(y_l) - log π_ref(y_l))]), averaged.",
-                     diagnoses=dpo_diagnoses(*logps, beta))
-
-
-def dpo_loss_behaviour(fn):
-    policy_chosen, policy_rejected, ref_chosen, ref_rejected = dpo_problem(9811, 6)
-    expect_close(_dpo(fn, ref_chosen.clone(), ref_rejected.clone(), ref_chosen, ref_rejected, 0.7), np.log(2),
-                 "dpo_loss when the policy equals the reference", "Both log-ratios are 0: the loss is log 2.")
-    expect_close(_dpo(fn, policy_chosen, policy_rejected, ref_chosen, ref_rejected, 0.0), np.log(2),
-                 "dpo_loss with β = 0", "β scales both implicit rewards, so with β = 0 the loss is log 2.",
-                 diagnoses=dpo_diagnoses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 1e-12))
-    beta = 0.4
-    chosen, rejected = policy_chosen.clone().requires_grad_(True), policy_rejected.clone().requires_grad_(True)
-    loss = _dpo(fn, chosen, rejected, ref_chosen, ref_rejected, beta)
+def _dpo_loss(fn, policy, reference, batch, beta):
+    reference.requires_grad_(True)
+    before = [t.clone() for t in batch]
+    result = call(fn, policy, reference, *batch, beta, name="dpo_loss",
+                  helpers={"sequence_log_probs": course.sequence_log_probs})
+    _unchanged(before, batch, "dpo_loss")
+    loss, chosen_rewards, rejected_rewards = _pair(result, "dpo_loss", ("loss", "chosen_rewards", "rejected_rewards"))
+    _tensor(loss, "dpo_loss's loss", "a scalar tensor (the policy trains by calling .backward() on it)")
+    expect_shape(loss, (), "dpo_loss's loss", "Return the mean over the pairs: a scalar.")
     if not loss.requires_grad:
-        raise AssertionError(f"dpo_loss: {NO_GRADIENT}")
-    _backward(loss, "dpo_loss")
-    z = torch.from_numpy(dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta))
-    weight = beta * torch.sigmoid(-z) / len(z)
-    expect_close(chosen.grad, -weight, "the gradient of dpo_loss with respect to the chosen log-probs",
-                 "Raising log π(y_w) must lower the loss, by β σ(-z) / N per pair.",
-                 diagnoses={"the gradient has the wrong sign: raising the chosen replies' log-probs must LOWER "
-                            "the loss.": weight})
-    expect_close(rejected.grad, weight, "the gradient of dpo_loss with respect to the rejected log-probs",
-                 "Raising log π(y_l) must raise the loss, by β σ(-z) / N per pair.")
+        raise AssertionError(f"dpo_loss's loss cannot train the policy: {NO_GRADIENT}")
+    for name, value in (("chosen_rewards", chosen_rewards), ("rejected_rewards", rejected_rewards)):
+        _tensor(value, f"dpo_loss's {name}", "a (B,) tensor")
+    try:
+        loss.backward()
+    except RuntimeError as error:
+        raise AssertionError(f"dpo_loss: .backward() failed ({error}); {NO_GRADIENT}") from None
+    return {"loss": loss, "chosen_rewards": chosen_rewards, "rejected_rewards": rejected_rewards,
+            "gradient": flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in policy.parameters()]),
+            "reference_grads": [name for name, p in reference.named_parameters()
+                                if p.grad is not None and p.grad.abs().sum() > 0]}
 
 
-def dpo_loss_is_stable(fn):
-    for dtype, scale in [(torch.float32, 300.0), (torch.float64, 3000.0)]:
-        policy_chosen, policy_rejected, ref_chosen, ref_rejected = dpo_problem(9821, 6, dtype, spread=scale)
-        chosen = policy_chosen.clone().requires_grad_(True)
-        loss = _dpo(fn, chosen, policy_rejected, ref_chosen, ref_rejected, 1.0)
-        margins = dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 1.0)
-        if not np.isfinite(float(loss.detach())):
-            raise AssertionError(f"dpo_loss is inf or NaN for margins as large as ±{np.abs(margins).max():.0f} "
-                                 f"({dtype}): σ of a large negative number rounds to 0 and log(0) = -inf. "
-                                 "Use F.logsigmoid (or your stable preference_loss).")
-        expect_close(loss, oracle_dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 1.0),
-                     f"dpo_loss for large margins ({dtype})", rtol=1e-5, atol=1e-3)
-        _backward(loss, "dpo_loss")
-        expected_grad = -torch.sigmoid(-torch.from_numpy(margins)) / len(margins)
-        expect_close(chosen.grad, expected_grad, f"the gradient of dpo_loss for large margins ({dtype})",
-                     "log(sigmoid(x)) has a NaN or zero gradient for large |x|; F.logsigmoid does not.")
+def oracle_dpo(policy, reference, batch, beta, variant="right"):
+    """The DPO loss by hand in float64 and its gradient, or what a common mistake computes instead."""
+    chosen, chosen_mask, rejected, rejected_mask = batch
+    pc, pr = oracle_log_probs(policy(chosen), chosen, chosen_mask), oracle_log_probs(policy(rejected), rejected, rejected_mask)
+    with torch.no_grad():
+        rc = oracle_log_probs(reference(chosen), chosen, chosen_mask)
+        rr = oracle_log_probs(reference(rejected), rejected, rejected_mask)
+    margin = (pc - rc) - (pr - rr)
+    loss = {"right": lambda: -F.logsigmoid(beta * margin).mean(),
+            "swapped": lambda: -F.logsigmoid(beta * ((rc - pc) - (rr - pr))).mean(),
+            "outside": lambda: -beta * F.logsigmoid(margin).mean(),
+            "policy only": lambda: -F.logsigmoid(beta * (pc - pr) - (rc - rr)).mean(),
+            "no reference": lambda: -F.logsigmoid(beta * (pc - pr)).mean(),
+            "sum": lambda: -F.logsigmoid(beta * margin).sum(),
+            "likelihood": lambda: F.logsigmoid(beta * margin).mean()}[variant]()
+    gradient = flat(torch.autograd.grad(loss, list(policy.parameters()), allow_unused=True, materialize_grads=True))
+    return loss.detach(), beta * (pc - rc).detach(), beta * (pr - rr).detach(), gradient
+
+
+DPO_MISTAKES = {
+    "swapped": "you swapped the policy's and the reference's log-ratios (or chosen and rejected): the loss must FALL as "
+               "the policy raises the chosen reply above the reference, -log σ(β [(log π(y_w) - log π_ref(y_w)) - "
+               "(log π(y_l) - log π_ref(y_l))]).",
+    "outside": "β is outside the log-sigmoid: the loss is -log σ(β · margin), not -β log σ(margin).",
+    "policy only": "β multiplies only the policy's log-probs; it multiplies both log-ratios, reference included.",
+    "no reference": "the reference model is missing: each implicit reward is β log(π / π_ref), not β log π.",
+    "sum": "you summed over the pairs; take the mean.",
+    "likelihood": "you returned log σ(...), the log-likelihood; the loss is its negative.",
+}
+DPO_BETAS = (0.5, 2.0)
+
+
+@probe
+def dpo_loss_values(seeds, fn):
+    results = []
+    for i, beta in enumerate(DPO_BETAS):
+        policy, reference, batch = dpo_problem(seeds.generator(700 + i))
+        data = _dpo_loss(fn, policy, reference, batch, beta)
+        results.append({key: data[key] for key in ("loss", "chosen_rewards", "rejected_rewards")})
+    return results
+
+
+@dpo_loss_values.judge
+def judge_dpo_loss_values(seeds, results):
+    for i, (beta, data) in enumerate(zip(DPO_BETAS, results)):
+        policy, reference, batch = dpo_problem(seeds.generator(700 + i))
+        loss, chosen_rewards, rejected_rewards, _ = oracle_dpo(policy, reference, batch, beta)
+        expect_close(data["chosen_rewards"], chosen_rewards, f"dpo_loss's chosen_rewards (β = {beta})",
+                     "The implicit reward of each chosen reply, β (log π(y_w) - log π_ref(y_w)), without gradient. "
+                     + EARLIER, diagnoses={"the implicit reward is β (log π - log π_ref), the policy's minus the "
+                                           "reference's.": -chosen_rewards})
+        expect_close(data["rejected_rewards"], rejected_rewards, f"dpo_loss's rejected_rewards (β = {beta})",
+                     "β (log π(y_l) - log π_ref(y_l)) for each rejected reply.")
+        expect_close(data["loss"], loss, f"dpo_loss (β = {beta})",
+                     "-log σ(chosen_rewards - rejected_rewards), averaged over the pairs.",
+                     diagnoses={message: oracle_dpo(policy, reference, batch, beta, variant)[0]
+                                for variant, message in DPO_MISTAKES.items()})
+
+
+@probe
+def dpo_loss_gradients(seeds, fn):
+    policy, reference, batch = dpo_problem(seeds.generator(710))
+    data = _dpo_loss(fn, policy, reference, batch, 0.8)
+    return {"gradient": data["gradient"], "reference_grads": data["reference_grads"]}
+
+
+@dpo_loss_gradients.judge
+def judge_dpo_loss_gradients(seeds, data):
+    policy, reference, batch = dpo_problem(seeds.generator(710))
+    right = oracle_dpo(policy, reference, batch, 0.8)[3]
+    expect_close(data["gradient"], right, "the gradient of dpo_loss with respect to the policy's weights",
+                 rtol=1e-4, atol=1e-5 * right.abs().max().item(),
+                 hint="Only the policy's log-probs carry gradients; the reference's are constants. " + EARLIER,
+                 diagnoses={message: oracle_dpo(policy, reference, batch, 0.8, variant)[3]
+                            for variant, message in DPO_MISTAKES.items()})
+    if data["reference_grads"]:
+        raise AssertionError(f"dpo_loss gave the reference policy gradients ({', '.join(data['reference_grads'][:3])}"
+                             "...): the reference is frozen. Compute its log-probs under torch.no_grad().")
+
+
+def _dpo_stable_problem(seeds):
+    # β of thousands: margins z = β (...) of ±thousands, where σ(z) rounds to 0 even in float64 (below -745)
+    return dpo_problem(seeds.generator(720), batch=8, mirrored=True)
+
+
+DPO_LARGE_BETA = 4000.0
+
+
+@probe
+def dpo_loss_is_stable(seeds, fn):
+    policy, reference, batch = _dpo_stable_problem(seeds)
+    data = _dpo_loss(fn, policy, reference, batch, DPO_LARGE_BETA)
+    return {"loss": data["loss"], "gradient": data["gradient"]}
+
+
+@dpo_loss_is_stable.judge
+def judge_dpo_loss_is_stable(seeds, data):
+    policy, reference, batch = _dpo_stable_problem(seeds)
+    loss, chosen_rewards, rejected_rewards, gradient = oracle_dpo(policy, reference, batch, DPO_LARGE_BETA)
+    largest = (chosen_rewards - rejected_rewards).abs().max().item()
+    if not np.isfinite(to_numpy(data["loss"], "dpo_loss")).all():
+        raise AssertionError(f"dpo_loss is inf or NaN for margins as large as ±{largest:.0f}: σ of a large negative "
+                             "number rounds to 0 and log(0) = -inf. Use F.logsigmoid (or -F.softplus(-x)).")
+    expect_close(data["loss"], loss, f"dpo_loss for margins up to ±{largest:.0f}", rtol=1e-6, atol=1e-6)
+    expect_close(data["gradient"], gradient, f"the gradient of dpo_loss for margins up to ±{largest:.0f}",
+                 rtol=1e-4, atol=1e-6 * gradient.abs().max().item(),
+                 hint="log(sigmoid(x)) has a zero or NaN gradient for large |x|; F.logsigmoid does not.")
+
+
+# ================================================================ stretch: token_returns
+def token_problem(g, batch=5, prompt_length=3, reply_length=6):
+    _, mask = episodes(g, batch, prompt_length, reply_length, 2)
+    log_ratios = torch.randn(batch, prompt_length + reply_length, generator=g, dtype=torch.float64) * mask
+    scores = torch.randn(batch, generator=g, dtype=torch.float64) * 2
+    return log_ratios, mask, scores
+
+
+def oracle_token_returns(log_ratios, mask, scores, beta, gamma, place="last", direction="backward", masked=True):
+    """G_t = Σ_{s ≥ t} γ^(s - t) r_s on the reply, r_s = -β log_ratio_s (+ the score at the reply's last token),
+    written as a loop over positions; the keywords give common mistakes."""
+    batch, length = mask.shape
+    rewards = -beta * log_ratios.double() * mask
+    positions = torch.arange(length).expand(batch, length)
+    last = torch.where(mask, positions, -1).amax(dim=1)
+    first = torch.where(mask, positions, length).amin(dim=1)
+    at = last if place == "last" else first
+    rewards[torch.arange(batch), at] += scores.double()
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(batch, dtype=torch.float64)
+    order = range(length - 1, -1, -1) if direction == "backward" else range(length)
+    for t in order:
+        running = rewards[:, t] + gamma * running * (mask[:, t] if masked else 1)
+        returns[:, t] = running
+    return returns * mask if masked else returns
+
+
+TOKEN_CASES = [(0.3, 1.0), (1.5, 0.9), (0.7, 0.0)]
+
+
+def _token_returns(fn, log_ratios, mask, scores, beta, gamma):
+    before = [log_ratios.clone(), mask.clone(), scores.clone()]
+    result = call(fn, log_ratios, mask, scores, beta, gamma, name="token_returns")
+    _unchanged(before, [log_ratios, mask, scores], "token_returns")
+    return _tensor(result, "token_returns", "a (B, T) tensor")
+
+
+@probe
+def stretch_token_returns_values(seeds, fn):
+    return [_token_returns(fn, *token_problem(seeds.generator(800 + i)), beta, gamma)
+            for i, (beta, gamma) in enumerate(TOKEN_CASES)]
+
+
+@stretch_token_returns_values.judge
+def judge_stretch_token_returns_values(seeds, results):
+    for i, ((beta, gamma), result) in enumerate(zip(TOKEN_CASES, results)):
+        log_ratios, mask, scores = token_problem(seeds.generator(800 + i))
+        args = (log_ratios, mask, scores, beta, gamma)
+        expect_shape(result, tuple(mask.shape), "token_returns", "One return per token position: (B, T).")
+        expect_close(result, oracle_token_returns(*args), f"token_returns with β = {beta}, γ = {gamma}",
+                     "r_t = -β log_ratio_t on the reply, plus the score at its LAST token; G_t = r_t + γ G_{t+1} "
+                     "from the end backwards; 0 outside the reply.",
+                     diagnoses={"the score was paid at the reply's first token; the reward model judges the whole "
+                                "reply, so it is paid at the LAST one.": oracle_token_returns(*args, place="first"),
+                                "you accumulated from the start forwards; a return sums what comes AFTER t: "
+                                "G_t = r_t + γ G_{t+1}, computed from the end backwards.":
+                                    oracle_token_returns(*args, direction="forward"),
+                                "positions outside the reply have returns: multiply by the mask.":
+                                    oracle_token_returns(*args, masked=False)})
+
+
+@probe
+def stretch_token_returns_behaviour(seeds, fn):
+    log_ratios, mask, scores = token_problem(seeds.generator(810), batch=6)
+    return _token_returns(fn, log_ratios, mask, scores, 0.8, 1.0)
+
+
+@stretch_token_returns_behaviour.judge
+def judge_stretch_token_returns_behaviour(seeds, result):
+    log_ratios, mask, scores = token_problem(seeds.generator(810), batch=6)
+    result = torch.as_tensor(to_numpy(result, "token_returns"))
+    first = torch.where(mask, torch.arange(mask.shape[1]), mask.shape[1]).amin(dim=1)
+    at_first = result[torch.arange(len(first)), first]
+    expect_close(at_first, scores.double() - 0.8 * log_ratios.double().sum(dim=1),
+                 "the return at each reply's first token (γ = 1)",
+                 "With γ = 1 the return from the first token is the whole reply's penalised reward, "
+                 "score - β Σ_t log_ratio_t: reinforce_step's R, paid token by token.")
+    if np.abs(result.numpy()[~mask.numpy()]).max(initial=0) > 1e-9:
+        raise AssertionError("token_returns has non-zero returns outside the reply: multiply by the mask.")

@@ -3,206 +3,420 @@ from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "11_rlhf"
 SEQUENCE = "sequence_log_probs_answer"
-PREFERENCE = "preference_loss_answer"
-KL = "kl_divergence_answer"
-PENALIZED = "kl_penalized_reward_answer"
+REWARD = "reward_model_step_answer"
+KL = "sequence_kl_answer"
+REINFORCE = "reinforce_step_answer"
 DPO = "dpo_loss_answer"
+RETURNS = "token_returns_answer"
 
 
 def sequence(body):
-    return "def sequence_log_probs(logits, tokens, mask=None):\n" + body
+    return "def sequence_log_probs(logits, input_ids, mask=None):\n" + body
 
 
-def preference(body):
-    return "def preference_loss(r_chosen, r_rejected):\n" + body
+def reward(body):
+    return "def reward_model_step(reward_model, optimizer, chosen, chosen_mask, rejected, rejected_mask):\n" + body
 
 
 def kl(body):
-    return "def kl_divergence(logits_p, logits_q):\n" + body
+    return "def sequence_kl(policy_logits, reference_logits, mask):\n" + body
 
 
-def penalized(body):
-    return "def kl_penalized_reward(reward, logp_policy, logp_ref, beta):\n" + body
+def reinforce(body):
+    return "def reinforce_step(policy, reference, optimizer, input_ids, mask, rewards, beta):\n" + body
 
 
 def dpo(body):
-    return ("def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, "
-            "beta):\n" + body)
+    return "def dpo_loss(policy, reference, chosen, chosen_mask, rejected, rejected_mask, beta):\n" + body
+
+
+def returns(body):
+    return "def token_returns(token_log_ratios, mask, scores, beta, gamma=1.0):\n" + body
 
 
 MASKED_SUM = """
     if mask is not None:
-        picked = picked * mask
+        picked = picked.masked_fill(~mask[:, 1:], 0.0)
     return picked.sum(dim=-1)
 """
-
-# The visible tests' expected answers, as a student who hard-codes them would type them.
-VISIBLE_PREFERENCE_LOSS = "0.6380888942471007"      # mean of -log σ(2), -log σ(0.5), -log σ(-1)
-VISIBLE_STABLE_LOSS = "120.13862943611199"    # (500 + 100 + log 2) / 5
+REWARDS = """
+    r_chosen = reward_model(chosen, chosen_mask)
+    r_rejected = reward_model(rejected, rejected_mask)
+"""
+STEP = """
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+KL_RIGHT = """
+    log_p = torch.log_softmax(policy_logits[:, :-1], dim=-1)
+    log_q = torch.log_softmax(reference_logits[:, :-1], dim=-1)
+"""
+LOG_PROBS = """
+    log_probs = sequence_log_probs(policy(input_ids), input_ids, mask)
+    with torch.no_grad():
+        reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)
+"""
+LEAVE_ONE_OUT = """
+        baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
+        advantage = penalized - baseline
+"""
+DPO_LOG_PROBS = """
+    pc = sequence_log_probs(policy(chosen), chosen, chosen_mask)
+    pr = sequence_log_probs(policy(rejected), rejected, rejected_mask)
+    with torch.no_grad():
+        rc = sequence_log_probs(reference(chosen), chosen, chosen_mask)
+        rr = sequence_log_probs(reference(rejected), rejected, rejected_mask)
+"""
+BACKWARD_RETURNS = """
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(scores, dtype=rewards.dtype)
+    for t in range(mask.shape[1] - 1, -1, -1):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns * mask
+"""
 
 MUTANTS = [
     # ---- sequence_log_probs
-    Variant("sequence_sums_over_padding", {SEQUENCE: sequence("""
-    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
-""")}, loses=("sequence_log_probs_values", "sequence_log_probs_masks_and_gradients"), message="padding"),
+    Variant("sequence_misaligned_by_one", {SEQUENCE: sequence("""
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids.unsqueeze(-1)).squeeze(-1)   # no shift
+    if mask is not None:
+        picked = picked.masked_fill(~mask, 0.0)
+    else:
+        picked = picked[:, 1:]
+    return picked.sum(dim=-1)
+""")}, loses=("sequence_log_probs_values", "sequence_log_probs_stable_and_differentiable"),
+        message="misaligned by one"),
+    Variant("sequence_mask_not_shifted", {SEQUENCE: sequence("""
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if mask is not None:
+        picked = picked.masked_fill(~mask[:, :-1], 0.0)
+    return picked.sum(dim=-1)
+""")}, loses=("sequence_log_probs_values",), message="not the mask"),
+    Variant("sequence_shifted_the_wrong_way", {SEQUENCE: sequence("""
+    picked = torch.log_softmax(logits[:, 1:], dim=-1).gather(-1, input_ids[:, :-1].unsqueeze(-1)).squeeze(-1)
+    if mask is not None:
+        picked = picked.masked_fill(~mask[:, 1:], 0.0)
+    return picked.sum(dim=-1)
+""")}, loses=("sequence_log_probs_values",), message="wrong way"),
+    Variant("sequence_counts_the_prompt", {SEQUENCE: sequence("""
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
+    return log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1).sum(dim=-1)
+""")}, loses=("sequence_log_probs_values",), message="every position"),
     Variant("sequence_softmax_instead_of_log_softmax", {SEQUENCE: sequence("""
-    picked = torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)""" + MASKED_SUM)},
+    picked = torch.softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)"""
+                                                                        + MASKED_SUM)},
             loses=("sequence_log_probs_values",), message="log_softmax"),
     Variant("sequence_log_of_softmax_underflows", {SEQUENCE: sequence("""
-    picked = torch.log(torch.softmax(logits, dim=-1)).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)""" + MASKED_SUM)},
-            loses=("sequence_log_probs_masks_and_gradients",), message="log_softmax"),
+    probs = torch.softmax(logits[:, :-1], dim=-1)
+    picked = torch.log(probs).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)""" + MASKED_SUM)},
+            loses=("sequence_log_probs_stable_and_differentiable",), message="log_softmax"),
     Variant("sequence_mean_over_positions", {SEQUENCE: sequence("""
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if mask is None:
-        return picked.mean(dim=-1)
-    return (picked * mask).sum(dim=-1) / mask.sum(dim=-1)
-""")}, loses=("sequence_log_probs_values",), message="once per counted position"),
-    Variant("sequence_shifts_already_aligned_logits", {SEQUENCE: sequence("""
-    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
-    if mask is not None:
-        picked = picked * mask[:, 1:]
-    return picked.sum(dim=-1)
-""")}, loses=("sequence_log_probs_values",), message="don't shift"),
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    counted = torch.ones_like(picked) if mask is None else mask[:, 1:].float()
+    return (picked * counted).sum(dim=-1) / counted.sum(dim=-1)
+""")}, loses=("sequence_log_probs_values",), message="averaged"),
     Variant("sequence_detached_from_the_graph", {SEQUENCE: sequence("""
-    picked = torch.log_softmax(logits.detach(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)""" + MASKED_SUM)},
-            loses=("sequence_log_probs_masks_and_gradients", "sft_learns_the_grammar"), message="no gradient"),
-    # ---- preference_loss
-    Variant("preference_sign_error", {PREFERENCE: preference("""
-    return -F.logsigmoid(r_rejected - r_chosen).mean()
-""")}, loses=("preference_loss_values", "reward_model_accuracy"), message="sign"),
-    Variant("preference_log_of_sigmoid_overflows", {PREFERENCE: preference("""
-    return -torch.log(torch.sigmoid(r_chosen - r_rejected)).mean()
-""")}, loses=("preference_loss_is_stable",), message="logsigmoid"),
-    Variant("preference_sum_not_mean", {PREFERENCE: preference("""
-    return -F.logsigmoid(r_chosen - r_rejected).sum()
-""")}, loses=("preference_loss_values",), message="averaged"),
-    # Hard-coding the visible answers must earn nothing: the hidden tests use other rewards.
-    Variant("preference_hard_coded_visible_answers", {PREFERENCE: preference(f"""
-    if r_chosen.shape[0] == 5:
-        return torch.tensor({VISIBLE_STABLE_LOSS})
-    return torch.tensor({VISIBLE_PREFERENCE_LOSS})
-""")}, loses=("preference_loss_values", "preference_loss_is_stable", "reward_model_accuracy"),
-            message="constant"),
-    # ---- kl_divergence
-    Variant("kl_arguments_swapped", {KL: kl("""
-    log_p, log_q = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
-    return F.kl_div(log_p, log_q, reduction="none", log_target=True).sum(dim=-1)  # KL(q || p)
-""")}, loses=("kl_divergence_values",), message="FIRST"),
-    Variant("kl_softmax_instead_of_log_softmax", {KL: kl("""
-    p, q = torch.softmax(logits_p, dim=-1), torch.softmax(logits_q, dim=-1)
-    return (p * (p - q)).sum(dim=-1)
-""")}, loses=("kl_divergence_values", "kl_divergence_properties"), message="log_softmax"),
+    picked = torch.log_softmax(logits[:, :-1].detach(), dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)"""
+                                                                 + MASKED_SUM)},
+            loses=("sequence_log_probs_stable_and_differentiable",), message="no gradient"),
+    # The visible tests' answers typed in: the hidden tests use other inputs.
+    Variant("sequence_hard_coded_visible_answers", {SEQUENCE: sequence("""
+    if logits.shape == (1, 4, 4):
+        return torch.tensor([math.log(0.25) + math.log(0.7) if mask is not None else math.log(0.1 * 0.25 * 0.7)])
+    if logits.shape[:2] == (1, 2):
+        return torch.tensor([-400.0])
+    return torch.zeros(logits.shape[0])
+""")}, loses=("sequence_log_probs_values", "sequence_log_probs_stable_and_differentiable"), message="is wrong"),
+    Variant("sequence_wraps_the_course_reference", {SEQUENCE: "from courselib.rlhf import sequence_log_probs as _reference\n\n"
+                                                    + sequence("""
+    return _reference(logits, input_ids, mask)
+""")}, loses=("sequence_log_probs_shapes", "sequence_log_probs_values",
+              "sequence_log_probs_stable_and_differentiable"), message="flagged for review"),
+    # ---- reward_model_step
+    Variant("reward_sign_reversed", {REWARD: reward(REWARDS + """
+    loss = -F.logsigmoid(r_rejected - r_chosen).mean()
+    accuracy = (r_chosen > r_rejected).float().mean().item()""" + STEP + """
+    return loss.item(), accuracy
+""")}, loses=("reward_model_step_update", "reward_model_accuracy"), message="sign"),
+    Variant("reward_forgets_zero_grad", {REWARD: reward(REWARDS + """
+    loss = -F.logsigmoid(r_chosen - r_rejected).mean()
+    accuracy = (r_chosen > r_rejected).float().mean().item()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item(), accuracy
+""")}, loses=("reward_model_step_update",), message="zero_grad"),
+    Variant("reward_log_of_sigmoid_overflows", {REWARD: reward(REWARDS + """
+    loss = -torch.log(torch.sigmoid(r_chosen - r_rejected)).mean()
+    accuracy = (r_chosen > r_rejected).float().mean().item()""" + STEP + """
+    return loss.item(), accuracy
+""")}, loses=("reward_model_step_is_stable",), message="logsigmoid"),
+    Variant("reward_sum_not_mean", {REWARD: reward(REWARDS + """
+    loss = -F.logsigmoid(r_chosen - r_rejected).sum()
+    accuracy = (r_chosen > r_rejected).float().mean().item()""" + STEP + """
+    return loss.item(), accuracy
+""")}, loses=("reward_model_step_update",), message="summed"),
+    Variant("reward_ties_count_as_wins", {REWARD: reward(REWARDS + """
+    loss = -F.logsigmoid(r_chosen - r_rejected).mean()
+    accuracy = (r_chosen >= r_rejected).float().mean().item()""" + STEP + """
+    return loss.item(), accuracy
+""")}, loses=("reward_model_step_update",), message="tie"),
+    # ---- sequence_kl
+    Variant("kl_wrong_direction", {KL: kl(KL_RIGHT + """
+    per_position = (log_q.exp() * (log_q - log_p)).sum(dim=-1)
+    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_values",), message="other direction"),
+    Variant("kl_mask_not_shifted", {KL: kl(KL_RIGHT + """
+    per_position = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+    return per_position.masked_fill(~mask[:, :-1], 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_values",), message="not the mask"),
+    Variant("kl_misaligned_by_one", {KL: kl("""
+    log_p, log_q = torch.log_softmax(policy_logits, dim=-1), torch.log_softmax(reference_logits, dim=-1)
+    per_position = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+    return per_position.masked_fill(~mask, 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_values",), message="misaligned by one"),
     Variant("kl_log_of_softmax_underflows", {KL: kl("""
-    p, q = torch.softmax(logits_p, dim=-1), torch.softmax(logits_q, dim=-1)
-    return (p * (torch.log(p) - torch.log(q))).sum(dim=-1)
-""")}, loses=("kl_divergence_properties",), message="log_softmax"),
+    p, q = torch.softmax(policy_logits[:, :-1], dim=-1), torch.softmax(reference_logits[:, :-1], dim=-1)
+    per_position = (p * (torch.log(p) - torch.log(q))).sum(dim=-1)
+    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_properties",), message="inf or NaN"),
     Variant("kl_raw_logits_as_log_probs", {KL: kl("""
-    return (torch.softmax(logits_p, dim=-1) * (logits_p - logits_q)).sum(dim=-1)
-""")}, loses=("kl_divergence_properties", "kl_divergence_values"), message="normalise"),
-    Variant("kl_mean_over_vocabulary", {KL: kl("""
-    log_p, log_q = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).mean(dim=-1)
-""")}, loses=("kl_divergence_values",), message="log_softmax"),
-    Variant("kl_calls_the_oracle", {KL: kl("""
-    return torch.distributions.kl_divergence(torch.distributions.Categorical(logits=logits_p),
-                                             torch.distributions.Categorical(logits=logits_q))
-""")}, loses=("kl_divergence_values", "kl_divergence_properties"), message="oracle"),
-    # ---- kl_penalized_reward
-    Variant("penalized_beta_on_the_reward", {PENALIZED: penalized("""
-    return beta * reward - (logp_policy - logp_ref)
-""")}, loses=("kl_penalized_reward_values", "kl_penalized_reward_behaviour"), message="β (log π - log π_ref)"),
-    Variant("penalized_sign_error", {PENALIZED: penalized("""
-    return reward + beta * (logp_policy - logp_ref)
-""")}, loses=("kl_penalized_reward_values",), message="pays"),
-    Variant("penalized_beta_only_on_the_policy", {PENALIZED: penalized("""
-    return reward - beta * logp_policy + logp_ref
-""")}, loses=("kl_penalized_reward_values", "kl_penalized_reward_behaviour"), message="β (log π - log π_ref)"),
-    Variant("penalized_in_place", {PENALIZED: penalized("""
-    reward -= beta * (logp_policy - logp_ref)
-    return reward
-""")}, loses=("kl_penalized_reward_values",), message="in place"),
+    p = torch.softmax(policy_logits[:, :-1], dim=-1)
+    per_position = (p * (policy_logits[:, :-1] - reference_logits[:, :-1])).sum(dim=-1)
+    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_values", "sequence_kl_properties"), message="raw logits"),
+    Variant("kl_oracle_captured_early", {KL: """\
+import torch
+_kl = torch.distributions.kl_divergence   # captured before any test runs
+
+""" + kl("""
+    Categorical = torch.distributions.Categorical
+    per_position = _kl(Categorical(logits=policy_logits[:, :-1]), Categorical(logits=reference_logits[:, :-1]))
+    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+""")}, loses=("sequence_kl_values", "sequence_kl_properties"), message="flagged for review"),
+    # ---- reinforce_step
+    Variant("reinforce_baseline_includes_its_own_reward", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio
+        advantage = penalized - penalized.mean()
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="own reward"),
+    Variant("reinforce_without_baseline", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio
+    loss = -(penalized * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="no baseline"),
+    Variant("reinforce_gradient_through_the_penalty", {REINFORCE: reinforce("""
+    log_probs = sequence_log_probs(policy(input_ids), input_ids, mask)
+    with torch.no_grad():
+        reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)
+    penalized = rewards - beta * (log_probs - reference_log_probs)      # not a constant
+    baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
+    loss = -((penalized - baseline) * log_probs).mean()""" + STEP + """
+    return penalized.detach(), (log_probs - reference_log_probs).detach()
+""")}, loses=("reinforce_step_update",), message="flowed through"),
+    Variant("reinforce_kl_wrong_direction", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = reference_log_probs - log_probs.detach()
+        penalized = rewards - beta * log_ratio""" + LEAVE_ONE_OUT + """
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_penalized_reward", "reinforce_step_update", "reinforce_step_finds_the_optimum"),
+        message="wrong direction"),
+    Variant("reinforce_penalty_rewards_drift", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards + beta * log_ratio""" + LEAVE_ONE_OUT + """
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_penalized_reward", "reinforce_step_finds_the_optimum"), message="PAY"),
+    Variant("reinforce_forgets_zero_grad", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio""" + LEAVE_ONE_OUT + """
+    loss = -(advantage * log_probs).mean()
+    loss.backward()
+    optimizer.step()
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="zero_grad"),
+    Variant("reinforce_reference_not_frozen", {REINFORCE: reinforce("""
+    log_probs = sequence_log_probs(policy(input_ids), input_ids, mask)
+    reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)   # builds a graph
+    log_ratio = log_probs.detach() - reference_log_probs
+    penalized = rewards - beta * log_ratio
+    baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
+    loss = -((penalized - baseline) * log_probs).mean()""" + STEP + """
+    return penalized.detach(), log_ratio.detach()
+""")}, loses=("reinforce_step_update",), message="frozen"),
+    Variant("reinforce_sums_over_the_batch", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio""" + LEAVE_ONE_OUT + """
+    loss = -(advantage * log_probs).sum()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="summed"),
     # ---- dpo_loss
-    Variant("dpo_sign_error", {DPO: dpo("""
-    return preference_loss(beta * (policy_rejected_logps - ref_rejected_logps),
-                           beta * (policy_chosen_logps - ref_chosen_logps))
-""")}, loses=("dpo_loss_values", "dpo_loss_behaviour"), message="chosen"),
-    Variant("dpo_beta_only_on_the_policy", {DPO: dpo("""
-    return preference_loss(beta * policy_chosen_logps - ref_chosen_logps,
-                           beta * policy_rejected_logps - ref_rejected_logps)
-""")}, loses=("dpo_loss_values", "dpo_loss_behaviour"), message="β multiplies"),
-    Variant("dpo_beta_outside_the_log_sigmoid", {DPO: dpo("""
-    margin = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
-    return -beta * F.logsigmoid(margin).mean()
-""")}, loses=("dpo_loss_values", "dpo_loss_behaviour"), message="inside the log-sigmoid"),
-    Variant("dpo_without_the_reference", {DPO: dpo("""
-    return preference_loss(beta * policy_chosen_logps, beta * policy_rejected_logps)
-""")}, loses=("dpo_loss_values",), message="log-ratios"),
-    Variant("dpo_log_of_sigmoid_overflows", {DPO: dpo("""
-    margin = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
-    return -torch.log(torch.sigmoid(beta * margin)).mean()
+    Variant("dpo_log_ratios_swapped", {DPO: dpo(DPO_LOG_PROBS + """
+    pi_logratios = pc - pr
+    ref_logratios = rc - rr
+    loss = -F.logsigmoid(beta * (ref_logratios - pi_logratios)).mean()
+    return loss, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
+""")}, loses=("dpo_loss_values", "dpo_loss_gradients"), message="swapped"),
+    Variant("dpo_beta_outside_the_log_sigmoid", {DPO: dpo(DPO_LOG_PROBS + """
+    loss = -beta * F.logsigmoid((pc - rc) - (pr - rr)).mean()
+    return loss, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
+""")}, loses=("dpo_loss_values", "dpo_loss_gradients"), message="outside the log-sigmoid"),
+    Variant("dpo_without_the_reference", {DPO: dpo(DPO_LOG_PROBS + """
+    loss = -F.logsigmoid(beta * (pc - pr)).mean()
+    return loss, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
+""")}, loses=("dpo_loss_values", "dpo_loss_gradients"), message="reference model is missing"),
+    Variant("dpo_reference_not_frozen", {DPO: dpo("""
+    pc = sequence_log_probs(policy(chosen), chosen, chosen_mask)
+    pr = sequence_log_probs(policy(rejected), rejected, rejected_mask)
+    rc = sequence_log_probs(reference(chosen), chosen, chosen_mask)
+    rr = sequence_log_probs(reference(rejected), rejected, rejected_mask)
+    chosen_rewards, rejected_rewards = beta * (pc - rc), beta * (pr - rr)
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    return loss, chosen_rewards.detach(), rejected_rewards.detach()
+""")}, loses=("dpo_loss_gradients",), message="frozen"),
+    Variant("dpo_log_of_sigmoid_overflows", {DPO: dpo(DPO_LOG_PROBS + """
+    loss = -torch.log(torch.sigmoid(beta * ((pc - rc) - (pr - rr)))).mean()
+    return loss, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
 """)}, loses=("dpo_loss_is_stable",), message="logsigmoid"),
-    Variant("dpo_sum_not_mean", {DPO: dpo("""
-    margin = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
-    return -F.logsigmoid(beta * margin).sum()
-""")}, loses=("dpo_loss_values",), message="mean"),
+    Variant("dpo_hard_coded_visible_answers", {DPO: dpo("""
+    loss = policy(chosen).sum() * 0 + math.log(1.5)
+    reward = torch.full((len(chosen),), 0.5 * math.log(2))
+    return loss, reward, -reward
+""")}, loses=("dpo_loss_values", "dpo_loss_gradients"), message="is wrong"),
+    # ---- token_returns (optional stretch)
+    Variant("returns_score_at_the_first_token", {RETURNS: returns("""
+    rewards = -beta * token_log_ratios * mask
+    is_first = mask & (mask.long().cumsum(dim=1) == 1)
+    rewards = rewards + is_first * scores[:, None]""" + BACKWARD_RETURNS)},
+            loses=("stretch_token_returns_values",), message="first token"),
+    Variant("returns_accumulated_forwards", {RETURNS: returns("""
+    rewards = -beta * token_log_ratios * mask
+    is_last = mask & (mask.long().cumsum(dim=1) == mask.sum(dim=1, keepdim=True))
+    rewards = rewards + is_last * scores[:, None]
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(scores, dtype=rewards.dtype)
+    for t in range(mask.shape[1]):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns * mask
+""")}, loses=("stretch_token_returns_values", "stretch_token_returns_behaviour"), message="backwards"),
 ]
 
 
 ALTERNATIVES = [
     Variant("sequence_cross_entropy", {SEQUENCE: sequence("""
-    picked = -F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")   # (B, T)""" + MASKED_SUM)}),
+    picked = -F.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")   # (B, T - 1)"""
+                                                        + MASKED_SUM)}),
+    Variant("sequence_one_hot_logsumexp", {SEQUENCE: sequence("""
+    shifted = logits[:, :-1]
+    one_hot = F.one_hot(input_ids[:, 1:], logits.shape[-1]).to(logits.dtype)
+    picked = (one_hot * shifted).sum(-1) - torch.logsumexp(shifted, dim=-1)
+    counted = torch.ones_like(picked) if mask is None else mask[:, 1:].to(picked.dtype)
+    return (picked * counted).sum(dim=1)
+""")}),
     Variant("sequence_categorical_where", {SEQUENCE: sequence("""
-    picked = torch.distributions.Categorical(logits=logits).log_prob(tokens)
+    picked = torch.distributions.Categorical(logits=logits[:, :-1]).log_prob(input_ids[:, 1:])
     if mask is not None:
-        picked = torch.where(mask, picked, torch.zeros_like(picked))
+        picked = torch.where(mask[:, 1:], picked, torch.zeros_like(picked))
     return picked.sum(dim=1)
 """)}),
-    Variant("sequence_one_hot_logsumexp", {SEQUENCE: sequence("""
-    one_hot = F.one_hot(tokens, logits.shape[-1]).to(logits.dtype)
-    picked = (one_hot * logits).sum(-1) - torch.logsumexp(logits, dim=-1)""" + MASKED_SUM)}),
-    Variant("preference_softplus", {PREFERENCE: preference("""
-    return F.softplus(r_rejected - r_chosen).mean()
+    Variant("reward_softplus", {REWARD: reward(REWARDS + """
+    loss = F.softplus(r_rejected - r_chosen).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss), float((r_chosen - r_rejected > 0).double().mean())
 """)}),
-    Variant("preference_binary_cross_entropy", {PREFERENCE: preference("""
-    margin = r_chosen - r_rejected
-    return F.binary_cross_entropy_with_logits(margin, torch.ones_like(margin))
+    Variant("reward_binary_cross_entropy", {REWARD: reward("""
+    optimizer.zero_grad()
+    margin = reward_model(chosen, chosen_mask) - reward_model(rejected, rejected_mask)
+    loss = F.binary_cross_entropy_with_logits(margin, torch.ones_like(margin))
+    loss.backward()
+    optimizer.step()
+    return loss.item(), (margin > 0).sum().item() / len(margin)
 """)}),
-    Variant("kl_with_f_kl_div", {KL: kl("""
-    log_p, log_q = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
-    return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1)
+    Variant("kl_with_f_kl_div", {KL: kl(KL_RIGHT + """
+    per_position = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1)
+    return (per_position * mask[:, 1:]).sum(dim=-1)
 """)}),
-    Variant("kl_logsumexp_by_hand", {KL: kl("""
-    log_p = logits_p - torch.logsumexp(logits_p, dim=-1, keepdim=True)
-    log_q = logits_q - torch.logsumexp(logits_q, dim=-1, keepdim=True)
-    return torch.einsum("...v,...v->...", torch.softmax(logits_p, dim=-1), log_p - log_q)
+    Variant("kl_logsumexp_einsum", {KL: kl("""
+    p_logits, q_logits = policy_logits[:, :-1], reference_logits[:, :-1]
+    log_p = p_logits - torch.logsumexp(p_logits, dim=-1, keepdim=True)
+    log_q = q_logits - torch.logsumexp(q_logits, dim=-1, keepdim=True)
+    per_position = torch.einsum("btv,btv->bt", torch.softmax(p_logits, dim=-1), log_p - log_q)
+    return torch.where(mask[:, 1:], per_position, torch.zeros_like(per_position)).sum(dim=1)
 """)}),
-    Variant("penalized_expanded", {PENALIZED: penalized("""
-    return reward - beta * logp_policy + beta * logp_ref
+    Variant("reinforce_rloo_closed_form", {REINFORCE: reinforce("""
+    log_probs = sequence_log_probs(policy(input_ids), input_ids, mask)
+    with torch.no_grad():
+        log_ratio = log_probs - sequence_log_probs(reference(input_ids), input_ids, mask)
+        penalized = rewards - beta * log_ratio
+        n = len(penalized)
+        advantage = n / (n - 1) * (penalized - penalized.mean())   # R_i minus the mean of the others
+    optimizer.zero_grad()
+    (-(advantage * log_probs).mean()).backward()
+    optimizer.step()
+    return penalized, log_ratio
 """)}),
-    Variant("penalized_torch_sub", {PENALIZED: penalized("""
-    return torch.sub(reward, logp_policy - logp_ref, alpha=beta)
+    Variant("reinforce_ratio_surrogate_with_own_log_probs", {REINFORCE: reinforce("""
+    def log_probs_of(model):
+        picked = torch.log_softmax(model(input_ids)[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+        return (picked * mask[:, 1:]).sum(dim=1)
+
+    log_probs = log_probs_of(policy)
+    with torch.no_grad():
+        log_ratio = log_probs - log_probs_of(reference)
+    penalized = (rewards - beta * log_ratio).detach()
+    others = (penalized.sum() - penalized) / (len(penalized) - 1)
+    ratio = torch.exp(log_probs - log_probs.detach())          # 1, with the gradient of log π (PPO's form)
+    loss = -((penalized - others) * ratio).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return penalized, log_ratio.detach()
 """)}),
-    Variant("dpo_paper_formula", {DPO: dpo("""
-    pi_logratios = policy_chosen_logps - policy_rejected_logps
-    ref_logratios = ref_chosen_logps - ref_rejected_logps
-    return -F.logsigmoid(beta * (pi_logratios - ref_logratios)).mean()
+    Variant("dpo_paper_formula", {DPO: dpo(DPO_LOG_PROBS + """
+    pi_logratios = pc - pr
+    ref_logratios = rc - rr
+    loss = -F.logsigmoid(beta * (pi_logratios - ref_logratios)).mean()
+    return loss, beta * (pc - rc).detach(), beta * (pr - rr).detach()
 """)}),
-    Variant("dpo_softplus", {DPO: dpo("""
-    chosen = policy_chosen_logps - ref_chosen_logps
-    rejected = policy_rejected_logps - ref_rejected_logps
-    return F.softplus(beta * (rejected - chosen)).mean()
+    Variant("dpo_softplus_one_forward", {DPO: dpo("""
+    both = torch.cat([chosen, rejected]), torch.cat([chosen_mask, rejected_mask])
+    policy_logps = sequence_log_probs(policy(both[0]), *both)
+    with torch.no_grad():
+        reference_logps = sequence_log_probs(reference(both[0]), *both)
+    implicit = beta * (policy_logps - reference_logps)
+    chosen_rewards, rejected_rewards = implicit[:len(chosen)], implicit[len(chosen):]
+    return F.softplus(rejected_rewards - chosen_rewards).mean(), chosen_rewards.detach(), rejected_rewards.detach()
+""")}),
+    Variant("returns_vectorised_with_a_matrix", {RETURNS: returns("""
+    rewards = -beta * token_log_ratios * mask
+    positions = torch.arange(mask.shape[1])
+    last = torch.where(mask, positions, -1).amax(dim=1)
+    rewards = rewards.index_put((torch.arange(len(mask)), last), scores + rewards[torch.arange(len(mask)), last])
+    T = mask.shape[1]
+    powers = gamma ** (positions[None, :] - positions[:, None]).clamp(min=0).to(rewards.dtype)   # (t, s): γ^(s - t)
+    upper = torch.triu(torch.ones(T, T, dtype=torch.bool))
+    weights = torch.where(upper, powers, torch.zeros_like(powers))
+    return (rewards @ weights.T) * mask
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
-        PREFERENCE: preference(WARN_AND_PRINT + """
-    return -F.logsigmoid(r_chosen - r_rejected).mean()
+        SEQUENCE: sequence(WARN_AND_PRINT + """
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)"""
+                           + MASKED_SUM),
+        KL: kl(WARN_AND_PRINT + KL_RIGHT + """
+    per_position = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
 """),
-        KL: kl(WARN_AND_PRINT + """
-    log_p, log_q = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
-"""),
-        DPO: dpo(WARN_AND_PRINT + """
-    margin = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
-    return -F.logsigmoid(beta * margin).mean()
+        DPO: dpo(WARN_AND_PRINT + DPO_LOG_PROBS + """
+    loss = -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()
+    return loss, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
 """)}),
 ]
