@@ -2,7 +2,7 @@
 
     from courselib import diagrams
     diagrams.qkv_projections()        # 04: where Q, K and V come from
-    diagrams.head_split()             # 05: (B, T, d_model) -> (B, h, T, d_head)
+    diagrams.head_split()             # 05: (B, T, d_model) -> (B, h, T, d_head), with the numbers of 05's example
     diagrams.encoder_decoder()        # 06, 10: encoder, decoder and the cross-attention arrows
     diagrams.encoder_decoder_stack()  # 10: the memory read by every decoder layer's cross-attention
     diagrams.post_ln_vs_pre_ln()      # 07: the two places a LayerNorm can sit
@@ -14,7 +14,7 @@ list of boxes and a list of arrows. Each function returns the axis it drew on.
 import dataclasses
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 from matplotlib.path import Path
 
 # One colour per kind of part, used by every diagram.
@@ -105,32 +105,57 @@ def qkv_projections(ax=None):
     return draw(boxes, arrows, "Where Q, K and V come from", ax=ax)
 
 
-def head_split(num_heads=4, ax=None):
-    """05: d_model splits into h slices of d_head; each head attends on its own slice."""
+def head_split(num_heads=3, d_head=2, T=4, ax=None):
+    """05: x (B, T, d_model) as a grid, one row per token and d_model = h·d_head columns coloured by head;
+    .view + .transpose(1, 2) give h grids (T, d_head), each holding *all* T tokens. Cells show 10·t + j,
+    the token t and the feature j, as in the notebook's example."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+        _, ax = plt.subplots(figsize=(10, 4.6))
     colours = ["#f9dcc4", "#d6e4f0", "#dbe9d5", "#e4d9f2", "#fff2b3", "#f4c7c3"]
-    # (T, d_model) as one wide strip of h coloured slices
+    d_model, cell, top = num_heads * d_head, 5.0, 78.0
+
+    def grid(x0, columns, head_of_column, feature_of_column):
+        for t in range(T):
+            for c in range(columns):
+                ax.add_patch(Rectangle((x0 + c * cell, top - (t + 1) * cell * 1.6), cell, cell * 1.6, linewidth=0.8,
+                                       edgecolor="#444444", facecolor=colours[head_of_column(c) % len(colours)]))
+                ax.text(x0 + (c + 0.5) * cell, top - (t + 0.5) * cell * 1.6, f"{10 * t + feature_of_column(c)}",
+                        ha="center", va="center", fontsize=7)
+
+    left = 8.0
+    grid(left, d_model, lambda c: c // d_head, lambda c: c)
+    for t in range(T):
+        ax.text(left - 1, top - (t + 0.5) * cell * 1.6, f"token {t}", ha="right", va="center", fontsize=7)
     for h in range(num_heads):
-        ax.add_patch(FancyBboxPatch((5 + h * 15, 70), 15, 18, boxstyle="square,pad=0",
-                                    facecolor=colours[h % len(colours)], edgecolor="#444444"))
-        ax.text(12.5 + h * 15, 79, f"head {h}\nd_head", ha="center", va="center", fontsize=8)
-    ax.text(5 + num_heads * 7.5, 93, "(B, T, d_model):  .view(B, T, h, d_head)", ha="center", fontsize=9)
-    # h stacked (T, d_head) blocks
+        ax.text(left + (h + 0.5) * d_head * cell, top + 2.5, f"head {h}", ha="center", fontsize=7)
+    ax.text(left + d_model * cell / 2, top + 9, "x: (B, T, d_model), one row per token", ha="center", fontsize=9)
+    ax.text(left + d_model * cell / 2, top - T * cell * 1.6 - 6,
+            f".view(B, T, h, d_head): h = {num_heads} blocks of\nd_head = {d_head} features per token",
+            ha="center", va="top", fontsize=8)
+
+    right = left + d_model * cell + 22
+    gap = d_head * cell + 5
     for h in range(num_heads):
-        ax.add_patch(FancyBboxPatch((75 + h * 2.5, 10 + h * 12), 18, 10, boxstyle="square,pad=0",
-                                    facecolor=colours[h % len(colours)], edgecolor="#444444"))
-        ax.text(84 + h * 2.5, 15 + h * 12, f"head {h}: (T, d_head)", ha="center", va="center", fontsize=7)
-    ax.text(86, 64, ".transpose(1, 2)\n(B, h, T, d_head)", ha="center", fontsize=9)
-    ax.add_patch(FancyArrowPatch((5 + num_heads * 15 + 2, 76), (78, 60), arrowstyle="-|>", mutation_scale=14,
-                                 connectionstyle="arc3,rad=-0.2", color="#333333"))
-    ax.text(35, 45, "each head runs scaled dot-product attention\non its own slice, in one batched matmul;\n"
-            "merge_heads is the inverse: transpose back,\nthen .reshape(B, T, d_model)", fontsize=9,
-            ha="center", va="center")
-    ax.set_xlim(0, 100)
-    ax.set_ylim(0, 100)
+        grid(right + h * gap, d_head, lambda c, h=h: h, lambda c, h=h: h * d_head + c)
+        ax.text(right + h * gap + d_head * cell / 2, top + 2.5, f"head {h}", ha="center", fontsize=7)
+    ax.text(right + (num_heads * gap - 5) / 2, top + 9, "(B, h, T, d_head): each head holds all T tokens",
+            ha="center", fontsize=9)
+    ax.text(right + (num_heads * gap - 5) / 2, top - T * cell * 1.6 - 6,
+            "each head attends on its own (T, d_head) slice,\nall heads in one batched matmul",
+            ha="center", va="top", fontsize=8)
+    middle = top - T * cell * 1.6 / 2
+    ax.add_patch(FancyArrowPatch((left + d_model * cell + 2, middle + 3), (right - 2, middle + 3), arrowstyle="-|>",
+                                 mutation_scale=14, color="#333333"))
+    ax.text((left + d_model * cell + right) / 2, middle + 6, ".transpose(1, 2)", ha="center", fontsize=8)
+    ax.add_patch(FancyArrowPatch((right - 2, middle - 3), (left + d_model * cell + 2, middle - 3), arrowstyle="-|>",
+                                 mutation_scale=14, color="#7f8c8d"))
+    ax.text((left + d_model * cell + right) / 2, middle - 7, "merge_heads:\n.transpose(1, 2)\n.reshape(B, T, d_model)",
+            ha="center", va="top", fontsize=7, color="#555555")
+    ax.set_xlim(0, right + num_heads * gap)
+    ax.set_ylim(28, 92)
+    ax.set_aspect("auto")
     ax.axis("off")
-    ax.set_title("Splitting d_model into heads")
+    ax.set_title("Splitting d_model into heads: view, then transpose")
     return ax
 
 
