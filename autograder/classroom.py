@@ -92,6 +92,20 @@ def prepare_gradebook(root, assignments):
                 result = api.generate_assignment(assignment)
                 if not result["success"]:
                     raise RuntimeError(f"generate_assignment {assignment} failed: {result.get('error')}")
+        stretch_as_extra_credit(config, missing)
+
+
+def stretch_as_extra_credit(config, assignments):
+    """Optional stretch tests are nbgrader's extra credit in the class gradebook: worth 0 in its maximum,
+    their points kept in `extra_credit` (merge_submission), so grades.csv's max_score is the required total."""
+    from nbgrader.api import Gradebook
+    with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
+        for assignment in assignments:
+            for notebook in gradebook.find_assignment(assignment).notebooks:
+                for cell in notebook.grade_cells:
+                    if grading.is_stretch(cell.name):
+                        cell.max_score = 0.0
+        gradebook.db.commit()
 
 
 def class_run_key(root, quiet=False):
@@ -309,7 +323,11 @@ def merge_submission(root, student, assignment, rows):
                     mine = SubmittedNotebook(notebook=notebook, assignment=submission, flagged=data["flagged"],
                                              late_submission_penalty=data["late_submission_penalty"])
                     for cell in notebook.grade_cells:
-                        Grade(cell_id=cell.id, notebook=mine, **data["grades"].get(cell.name, {}))
+                        grade = dict(data["grades"].get(cell.name, {}))
+                        if grading.is_stretch(cell.name):  # extra credit (stretch_as_extra_credit)
+                            grade["extra_credit"] = (grade.get("extra_credit") or 0.0) + (grade.get("auto_score") or 0.0)
+                            grade["auto_score"] = 0.0 if grade.get("auto_score") is not None else None
+                        Grade(cell_id=cell.id, notebook=mine, **grade)
                     for cell in notebook.solution_cells:
                         Comment(cell_id=cell.id, notebook=mine, **data["comments"].get(cell.name, {}))
                     for cell in notebook.task_cells:
@@ -346,21 +364,26 @@ class Ledger:
 
 
 def scores_of(root, student, assignment):
-    """(score, max_score, guard findings) of a graded notebook, from the gradebook and autograded/."""
+    """(score, max_score, guard findings, stretch score) of a graded notebook, from the gradebook and
+    autograded/: the score counts the required tests, the optional stretch tests' points come apart."""
     from nbgrader.api import Gradebook, MissingEntry
     config = class_config(root)
     max_score = grading.max_score(assignment)
+    score = stretch = 0.0
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
-        try:
-            score = gradebook.find_submission(assignment, student).score
-        except MissingEntry:
-            score = 0.0
+        with contextlib.suppress(MissingEntry):
+            for notebook in gradebook.find_submission(assignment, student).notebooks:
+                for grade in notebook.grades:
+                    if grading.is_stretch(grade.name):
+                        stretch += float(grade.score)
+                    else:
+                        score += float(grade.score)
     autograded = pathlib.Path(root) / "autograded" / student / assignment / f"{assignment}.ipynb"
     findings = []
     if autograded.exists():
         nb = nbformat.read(autograded, as_version=4)
         findings = grading.guard_flags(nb) + grading.runaway_notes(nb)
-    return float(score), max_score, findings
+    return score, max_score, findings, stretch
 
 
 def record(ledger, root, item, outcome):
@@ -372,13 +395,14 @@ def record(ledger, root, item, outcome):
         merge_submission(root, item.student, item.assignment, None)
         for folder in ("autograded", "feedback"):
             shutil.rmtree(pathlib.Path(root) / folder / item.student / item.assignment, ignore_errors=True)
-    score, max_score, findings = scores_of(root, item.student, item.assignment)
+    score, max_score, findings, stretch = scores_of(root, item.student, item.assignment)
     errors = list(item.errors)
     error = result.get("error") or outcome.error
     if error and not any("scored 0" in e for e in errors):
         errors.append(error + ": scored 0")
     ledger.add({"student": item.student, "assignment": item.assignment, "digest": item.digest,
-                "score": score, "max_score": max_score, "seconds": result.get("seconds", 0.0),
+                "score": score, "max_score": max_score, "stretch_score": stretch,
+                "seconds": result.get("seconds", 0.0),
                 "errors": errors, "flags": item.flags + findings, "worker": result.get("worker")})
 
 
@@ -439,17 +463,19 @@ def write_outputs(root, students, assignments):
 
 
 def exercise_scores(root, assignments):
-    """(student, assignment, test grade_id, score, max) for every graded test cell."""
+    """(student, assignment, test grade_id, score, max) for every graded test cell (an optional stretch
+    test's max is its points, although the gradebook counts it as extra credit)."""
     from nbgrader.api import Gradebook
     config = class_config(root)
     rows = []
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
         for assignment in assignments:
+            points = dict(grading.grade_cells(grading.source_notebook(assignment)))
             for submission in gradebook.find_assignment(assignment).submissions:
                 for notebook in submission.notebooks:
                     for grade in notebook.grades:
                         rows.append((submission.student.id, assignment, grade.name,
-                                     float(grade.score), float(grade.max_score)))
+                                     float(grade.score), points.get(grade.name, float(grade.max_score))))
     return sorted(rows)
 
 
@@ -497,7 +523,7 @@ def table(ledger, students, assignments):
     lines = [f"{'student':<{width}}  " + "  ".join(f"{s:>5}" for s in short) + "  total"]
     notes = []
     for student in students:
-        cells, total, maximum = [], 0.0, 0.0
+        cells, total, maximum, stretch = [], 0.0, 0.0, 0.0
         for assignment in assignments:
             entry = ledger.entries.get((student, assignment))
             maximum += grading.max_score(assignment)
@@ -505,11 +531,13 @@ def table(ledger, students, assignments):
                 cells.append(f"{'-':>5}")
                 continue
             total += entry["score"]
+            stretch += entry.get("stretch_score", 0.0)
             mark = "!" if entry["errors"] or entry["flags"] else " "
             cells.append(f"{entry['score']:>4g}{mark}")
             notes += [f"{student} {assignment}: ERROR {e}" for e in entry["errors"]]
             notes += [f"{student} {assignment}: REVIEW {f}" for f in entry["flags"]]
-        lines.append(f"{student:<{width}}  " + "  ".join(cells) + f"  {total:g}/{maximum:g}")
+        lines.append(f"{student:<{width}}  " + "  ".join(cells) + f"  {total:g}/{maximum:g}"
+                     + (f" (+{stretch:g} optional)" if stretch else ""))
     lines.append(f"{'out of':<{width}}  " + "  ".join(
         f"{grading.max_score(a):>5g}" for a in assignments))
     if notes:

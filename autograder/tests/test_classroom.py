@@ -15,7 +15,7 @@ import nbformat
 import pytest
 
 from autograder import classroom, demo
-from autograder.grading import max_score
+from autograder.grading import max_score, stretch_points
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
 # The whole demo class, graded serially here and through a scheduler in test_cluster.py, is compared
@@ -72,6 +72,8 @@ def test_demo_student_gets_what_they_deserve(graded_demo, student, assignment):
     notes = " | ".join(entry["errors"] + entry["flags"])
     if outcome == "full":
         assert entry["score"] == full, f"{student}/{assignment}: a correct answer lost points: {entry}"
+        assert entry["stretch_score"] == stretch_points(assignment) or student != "ada", \
+            f"ada's optional stretch answers lost points: {entry}"
     elif outcome == "zero":
         assert entry["score"] == 0, f"{student}/{assignment} should score 0 but got {entry['score']}: {notes}"
     else:
@@ -98,7 +100,9 @@ def test_demo_class_report_and_outputs(graded_demo):
     assert {(a, s) for s, a in ledger.entries} <= exported, "grades.csv lacks graded students"
     for (student, assignment), entry in ledger.entries.items():
         row = next(r.split(",") for r in grades[1:] if r.split(",")[0] == assignment and r.split(",")[3] == student)
-        assert float(row[9]) == entry["score"], f"grades.csv disagrees with grading for {student}/{assignment}"
+        # nbgrader's export: the optional stretch is extra credit, on top of the required maximum
+        assert float(row[9]) == entry["score"] + entry["stretch_score"] and float(row[10]) == max_score(assignment), \
+            f"grades.csv disagrees with grading for {student}/{assignment}: {row}"
     html = list((root / "feedback").glob("*/*/*.html"))
     assert len(html) >= sum(1 for e in ledger.entries.values() if not e["errors"]), "feedback HTML is missing"
     assert (root / "score_distribution.png").stat().st_size > 10_000, "the score plot is empty"
@@ -169,7 +173,7 @@ def test_interrupted_grading_resumes_without_regrading(tmp_path):
     assert len(entries) == 6, f"after resuming, {6 - len(entries)} of 6 notebooks are still ungraded"
     for (student, assignment), entry in entries.items():
         outcome, _ = demo.EXPECTED[(student, assignment)]
-        score, _, _ = classroom.scores_of(root, student, assignment)
+        score, _, _, _ = classroom.scores_of(root, student, assignment)
         assert score == entry["score"], f"the gradebook and the ledger disagree for {student}/{assignment}"
         assert (score == max_score(assignment)) == (outcome == "full"), f"{student}/{assignment}: {entry}"
 
@@ -212,3 +216,79 @@ def test_intake_reports_folders_that_are_not_assignments(tmp_path):
     assert [(i.student, i.assignment) for i in items] == [("eli", "04_self_attention")]
     assert strays == ["eli: folder 'homework4' is not an assignment of this course: not graded"], strays
     assert items[0].flags == ["notebook handed in as 'Copy of my homework.ipynb'; graded as 04_self_attention.ipynb"]
+
+
+# A classmate who knows exactly where the class is graded (the paths are written into the attack) and
+# tries, for 20 s while the victim is graded beside them, every way to reach the victim's grade.
+ATTACK_CLASSMATE = '''\
+import glob, os, pathlib, sqlite3, time
+from ipykernel import get_connection_file
+ROOT, HAND_INS, KERNELS = {root!r}, {hand_ins!r}, {kernels!r}
+targets = [f"{{ROOT}}/submitted/victim/04_self_attention/04_self_attention.ipynb",
+           f"{{ROOT}}/autograded/victim/04_self_attention/04_self_attention.ipynb",
+           f"{{HAND_INS}}/submitted/victim/04_self_attention/04_self_attention.ipynb"]
+reached = []
+deadline = time.time() + 20
+while time.time() < deadline:
+    for target in targets:                      # rewrite the victim's hand-in or autograded copy
+        try:
+            pathlib.Path(target).write_text("{{}}")
+            reached.append(target)
+        except Exception:
+            pass
+    for db in glob.glob(f"{{ROOT}}/**/*.db", recursive=True):   # lower their grade in the gradebook
+        try:
+            sqlite3.connect(db).execute("UPDATE grade SET auto_score = 0").connection.commit()
+            reached.append(db)
+        except Exception:
+            pass
+    for key in glob.glob(f"{{KERNELS}}*/*/*.json"):   # another kernel's connection key
+        if os.path.samefile(key, get_connection_file()):
+            continue                            # its own is in reach, and harmless
+        try:
+            reached.append(key + " " + open(key).read()[:20])
+        except Exception:
+            pass
+    try:                                        # something that outlives this notebook
+        if os.fork() == 0:
+            time.sleep(40)
+            for target in targets:
+                pathlib.Path(target).write_text("{{}}")
+            os._exit(0)
+    except Exception:
+        pass
+    time.sleep(1)
+print("reached:", sorted(set(reached)))
+'''
+
+
+def test_a_hostile_classmate_graded_beside_a_victim_changes_nothing_of_theirs(tmp_path):
+    """Class grading with two workers: the victim (reference answers, and a slow cell so that both are
+    graded at once) keeps full marks, no flags, their hand-in's bytes and their gradebook rows."""
+    from autograder.kernel_manager import private_socket_folder
+    from autograder.submissions import student_notebook
+    hand_ins, root = tmp_path / "hand-ins", tmp_path / "course"
+    victim = hand_ins / "submitted" / "victim" / "04_self_attention" / "04_self_attention.ipynb"
+    attacker = hand_ins / "submitted" / "rex" / "04_self_attention" / "04_self_attention.ipynb"
+    for path in (victim, attacker):
+        path.parent.mkdir(parents=True)
+    nbformat.write(demo.with_cell(student_notebook("04_self_attention"), "import time\ntime.sleep(15)"), victim)
+    attack = ATTACK_CLASSMATE.format(root=str(root), hand_ins=str(hand_ins), kernels=str(private_socket_folder()))
+    nbformat.write(demo.with_cell(student_notebook("04_self_attention"), attack), attacker)
+    before = victim.read_bytes()
+
+    classroom.grade_class(hand_ins, root, jobs=2, cell_timeout=TIMEOUT + 20, quiet=True)
+    time.sleep(45)  # longer than anything the attacker could have left behind would wait
+
+    entries = classroom.Ledger(root / classroom.LEDGER).entries
+    assert entries[("victim", "04_self_attention")]["score"] == 14, entries[("victim", "04_self_attention")]
+    assert not entries[("victim", "04_self_attention")]["flags"], entries[("victim", "04_self_attention")]
+    assert victim.read_bytes() == before, "the attacker changed the victim's hand-in"
+    score, _, findings, _ = classroom.scores_of(root, "victim", "04_self_attention")
+    assert score == 14 and not findings, f"the victim's gradebook rows changed: {score}, {findings}"
+    graded = root / "autograded" / "victim" / "04_self_attention" / "04_self_attention.ipynb"
+    assert nbformat.read(graded, as_version=4).cells, "the victim's autograded notebook was overwritten"
+    printed = "".join(o.get("text", "") for c in nbformat.read(
+        root / "autograded" / "rex" / "04_self_attention" / "04_self_attention.ipynb", as_version=4).cells
+        for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "reached: []" in printed, f"the attacker reached something: {printed[-500:]}"
