@@ -7,7 +7,8 @@
 All three use one hidden-test key, so their gradebooks must agree test by test. Prints and writes
 test-artifacts/grading-benchmark.json: wall time, notebooks per minute and the ratio to serial of each,
 the client's merge time per notebook, the median grading time per notebook of each assignment, the
-floor (start a grading kernel, import torch), and a projection of a large class (see `projection`).
+floor (start a grading kernel, import torch), what the OS sandbox costs (`sandbox_overhead`), and a
+projection of a large class (see `projection`).
 """
 import json
 import os
@@ -18,11 +19,14 @@ import sys
 import tempfile
 import time
 
-from autograder import cluster
+import nbformat
+
+from autograder import cluster, grading, sandbox
 from autograder.classroom import DEMO_CLASS_DIR, LEDGER, Ledger, exercise_scores, grade_class
 from autograder.config import REPO_ROOT, assignment_ids
 from autograder.execute import KERNELSPEC_DIR
 from autograder.judging import RUN_KEY_ENV
+from autograder.submissions import student_notebook
 
 # The class the projection is for.
 PROJECTED_STUDENTS, PROJECTED_NOTEBOOKS, PROJECTED_CORES = 1000, 11, 64
@@ -45,6 +49,35 @@ def kernel_floor_seconds(repeats=3):
         manager.shutdown_kernel(now=True)
         times.append(time.perf_counter() - start)
     return round(statistics.median(times), 2)
+
+
+def sandbox_overhead(assignment="04_self_attention", repeats=3):
+    """What the OS sandbox costs: `check` on a correct notebook with the sandbox and without, alternated
+    (so that both see the same load), and bwrap's own start (its namespaces, mounts and seccomp filter
+    around `true`, the probe that decides whether the sandbox is available)."""
+    times = {"required": [], "off": []}
+    with tempfile.TemporaryDirectory(prefix="sandbox-overhead-") as tmp:
+        path = pathlib.Path(tmp) / assignment / f"{assignment}.ipynb"
+        path.parent.mkdir()
+        nbformat.write(student_notebook(assignment), path)
+        grading.check_notebook(path, assignment, sandbox_mode="off")  # warm caches (generated gradebook)
+        for _ in range(repeats):
+            for mode in times:
+                start = time.perf_counter()
+                report = grading.check_notebook(path, assignment, sandbox_mode=mode)
+                times[mode].append(time.perf_counter() - start)
+                if report.score != report.max_score:
+                    raise RuntimeError(f"{assignment} lost points with sandbox={mode}: {report.errors}")
+    starts = []
+    for _ in range(repeats):
+        sandbox._probe.cache_clear()
+        start = time.perf_counter()
+        sandbox.available()
+        starts.append(time.perf_counter() - start)
+    sandboxed, unsandboxed = statistics.median(times["required"]), statistics.median(times["off"])
+    return {"assignment": assignment, "check_seconds_sandboxed": round(sandboxed, 2),
+            "check_seconds_unsandboxed": round(unsandboxed, 2), "ratio": round(sandboxed / unsandboxed, 3),
+            "bwrap_start_seconds": round(statistics.median(starts), 3)}
 
 
 def projection(per_assignment, parallel_efficiency, merge_seconds, longest_seconds,
@@ -120,6 +153,7 @@ def main(submissions=DEMO_CLASS_DIR):
         "old_pool_jobs2_speedup_for_reference": 1.60,
         "median_seconds_per_notebook": medians,
         "floor_kernel_start_and_torch_import": kernel_floor_seconds(),
+        "sandbox_overhead": sandbox_overhead(),
         "projection": projection(medians, best / 2, merge, longest),
         "load_average_after": os.getloadavg()[0],
     })
