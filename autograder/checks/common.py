@@ -28,6 +28,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import inspect
 import io
 import logging
 import random
@@ -501,6 +502,59 @@ def expect_tensor(value, name):
     return value
 
 
-__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "attempt", "call", "describe", "expect_close",
-           "expect_shape", "expect_tensor", "generator", "matches", "probe", "quiet",
-           "reference_globals", "resolve", "to_numpy"]
+# ---------------------------------------------------------------------- probe side: the student's modules
+def build(cls, *args, name, helpers=None, forbidden=(), advice="", **kwargs):
+    """Instantiate the student's class quietly, in eval mode, with reference classes swapped into its namespace."""
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise AssertionError(f"{name} should be a class deriving from nn.Module, but it is a {type(cls).__name__}.")
+    own_function = next((f for f in vars(cls).values() if inspect.isfunction(f)), None)
+    with reference_globals(own_function, **(helpers or {})), torch.random.fork_rng(devices=[]):
+        # fork_rng: the check's modules leave the notebook's random numbers as they were
+        module = call(cls, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
+    return module.eval()
+
+
+def run(fn, *args, name, forbidden=(), advice="", **kwargs):
+    """fn(*args) quietly, without gradients; the result must be a tensor."""
+    with torch.no_grad():
+        result = call(fn, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
+    if not torch.is_tensor(result):
+        raise AssertionError(f"{name} should return a tensor, but it returned {type(result).__name__}.")
+    return result
+
+
+def submodule(module, path, owner, expected):
+    """module.<path>, or a message that says which names the notebook asks for."""
+    found = module
+    for part in path.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            names = ", ".join(name for name, _ in module.named_children()) or "none"
+            raise AssertionError(f"{owner} has no `{path}`: the exercise asks for {expected}. "
+                                 f"Its submodules are: {names}.")
+    return found
+
+
+def load_weights(module, weights, owner, expected):
+    """Copy the check's weights into the student's module, by the parameter names the exercise asks for."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            param = params.get(name)
+            if param is None:
+                raise AssertionError(f"{owner} has no parameter `{name}`: the exercise asks for {expected}. "
+                                     f"Its parameters are: {', '.join(params) or 'none'}.")
+            if tuple(param.shape) != tuple(value.shape):
+                raise AssertionError(f"{owner}.{name} has shape {tuple(param.shape)}; the exercise's sizes give "
+                                     f"{tuple(value.shape)}.")
+            param.copy_(value)
+    return module
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "attempt", "build", "call", "count", "describe", "expect_close",
+           "expect_shape", "expect_tensor", "generator", "load_weights", "matches", "probe", "quiet",
+           "reference_globals", "resolve", "run", "submodule", "to_numpy"]

@@ -15,7 +15,6 @@ class builds another (`EncoderLayer` builds a `LayerNorm` and a `FeedForward`, `
 class is constructed (see `build`), and `load_hf_bert_weights` is graded on a reference `MiniBert`.
 The seeds come from the grader's per-run token, so they are never the visible tests' inputs.
 """
-import inspect
 import math
 import threading
 
@@ -24,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import (call, expect_close, expect_shape, expect_tensor, probe, quiet,
-                                      reference_globals)
+from autograder.checks.common import (build, call, count, expect_close, expect_shape, expect_tensor, load_weights, probe,
+                                      quiet, run, submodule)
 from courselib.attention import MultiHeadAttention, padding_mask
 
 EARLIER = "(This test uses reference versions of your other classes, so only this exercise is graded here.)"
@@ -119,60 +118,6 @@ class ReferenceMiniBert(nn.Module):
 
 REFERENCE_CLASSES = {"LayerNorm": ReferenceLayerNorm, "FeedForward": ReferenceFeedForward,
                      "EncoderLayer": ReferenceEncoderLayer}
-
-
-# ---------------------------------------------------------------- probe-side harness
-def build(cls, *args, name, helpers=None, forbidden=(), advice="", **kwargs):
-    """Instantiate the student's class quietly, with reference classes swapped into its namespace."""
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        raise AssertionError(f"{name} should be a class deriving from nn.Module, but it is a "
-                             f"{type(cls).__name__}.")
-    own_function = next((f for f in vars(cls).values() if inspect.isfunction(f)), None)
-    with reference_globals(own_function, **(helpers or {})), torch.random.fork_rng(devices=[]):
-        # fork_rng: the check's modules leave the notebook's random numbers as they were
-        module = call(cls, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
-    return module.eval()
-
-
-def run(module, *args, name, forbidden=(), advice="", **kwargs):
-    """module(*args) quietly, without gradients; the result must be a tensor."""
-    with torch.no_grad():
-        result = call(module, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
-    if not torch.is_tensor(result):
-        raise AssertionError(f"{name} should return a tensor, but it returned {type(result).__name__}.")
-    return result
-
-
-def submodule(module, path, owner, expected):
-    """module.<path>, or a message that says which names the notebook asks for."""
-    found = module
-    for part in path.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            names = ", ".join(name for name, _ in module.named_children()) or "none"
-            raise AssertionError(f"{owner} has no `{path}`: the exercise asks for {expected}. "
-                                 f"Its submodules are: {names}.")
-    return found
-
-
-def load_weights(module, weights, owner, expected):
-    """Copy the check's weights into the student's module, by the parameter names the exercise asks for."""
-    params = dict(module.named_parameters())
-    with torch.no_grad():
-        for name, value in weights.items():
-            param = params.get(name)
-            if param is None:
-                raise AssertionError(f"{owner} has no parameter `{name}`: the exercise asks for {expected}. "
-                                     f"Its parameters are: {', '.join(params) or 'none'}.")
-            if tuple(param.shape) != tuple(value.shape):
-                raise AssertionError(f"{owner}.{name} has shape {tuple(param.shape)}; the exercise's sizes give "
-                                     f"{tuple(value.shape)}.")
-            param.copy_(value)
-    return module
-
-
-def count(module):
-    return sum(p.numel() for p in module.parameters())
 
 
 # ---------------------------------------------------------------- weights the checks choose (both sides)

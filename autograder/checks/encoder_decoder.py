@@ -20,7 +20,6 @@ trained model's test (`trained_model_learns`) grades the notebook's own pipeline
 Seeds come from the grader's per-run token. The one statistical test (`trained_model_learns`) measures a
 mean loss over 256 fresh held-out dates against a threshold far above its spread (see its comment).
 """
-import inspect
 import math
 import sys
 import warnings
@@ -29,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, reference_globals
+from autograder.checks import common
+from autograder.checks.common import (call, count, expect_close, expect_shape, expect_tensor, load_weights, probe,
+                                      submodule)
 from courselib import seq2seq as reference
 
 if "ipykernel" not in sys.modules:
@@ -60,55 +61,12 @@ BUCKET_SHORTCUTS = [T5_BUCKET]
 
 
 # ---------------------------------------------------------------- probe-side harness
-def build(cls, *args, name, helpers=None, forbidden=(), advice=ADVICE, **kwargs):
-    """Instantiate the student's class quietly, with reference classes swapped into its namespace."""
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        raise AssertionError(f"{name} should be a class deriving from nn.Module, but it is a {type(cls).__name__}.")
-    own_function = next((f for f in vars(cls).values() if inspect.isfunction(f)), None)
-    with reference_globals(own_function, **(helpers or {})), torch.random.fork_rng(devices=[]):
-        # fork_rng: the check's modules leave the notebook's random numbers as they were
-        module = call(cls, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
-    return module.eval()
+def build(cls, *args, advice=ADVICE, **kwargs):
+    return common.build(cls, *args, advice=advice, **kwargs)
 
 
-def run(fn, *args, name, forbidden=(), advice=ADVICE, **kwargs):
-    """fn(*args) quietly, without gradients; the result must be a tensor."""
-    with torch.no_grad():
-        result = call(fn, *args, name=name, forbidden=forbidden, forbidden_advice=advice, **kwargs)
-    if not torch.is_tensor(result):
-        raise AssertionError(f"{name} should return a tensor, but it returned {type(result).__name__}.")
-    return result
-
-
-def submodule(module, path, owner, expected):
-    found = module
-    for part in path.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            names = ", ".join(name for name, _ in module.named_children()) or "none"
-            raise AssertionError(f"{owner} has no `{path}`: the exercise asks for {expected}. "
-                                 f"Its submodules are: {names}.")
-    return found
-
-
-def load_weights(module, weights, owner, expected):
-    """Copy the check's weights into the student's module, by the parameter names the exercise asks for."""
-    params = dict(module.named_parameters())
-    with torch.no_grad():
-        for name, value in weights.items():
-            param = params.get(name)
-            if param is None:
-                raise AssertionError(f"{owner} has no parameter `{name}`: the exercise asks for {expected}. "
-                                     f"Its parameters are: {', '.join(params) or 'none'}.")
-            if tuple(param.shape) != tuple(value.shape):
-                raise AssertionError(f"{owner}.{name} has shape {tuple(param.shape)}; the exercise's sizes give "
-                                     f"{tuple(value.shape)}.")
-            param.copy_(value)
-    return module
-
-
-def count(module):
-    return sum(p.numel() for p in module.parameters())
+def run(fn, *args, advice=ADVICE, **kwargs):
+    return common.run(fn, *args, advice=advice, **kwargs)
 
 
 def keep_to_mask(keep):
