@@ -39,7 +39,6 @@ small horse in the field. Every day the horse ate hay. When the horse was happy,
 `training_log.json` beside the weights has the whole curve; the same seed gives the same tokenizer and
 the same first losses, which `autograder/tests/test_tiny_gpt.py` checks along with the perplexity.
 """
-import argparse
 import json
 import math
 import pathlib
@@ -52,6 +51,7 @@ from torch import nn
 
 from courselib.attention import MultiHeadAttention, causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from courselib.blocks import FeedForward, LayerNorm, LearnedPositionalEmbedding, TokenEmbedding
+from courselib.training import checkpoint_cli
 
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "data" / "tiny_gpt"
 EOS = "<|endoftext|>"
@@ -669,28 +669,16 @@ def load_tiny_gpt():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m courselib.gpt", description=__doc__.splitlines()[0])
-    parser.add_argument("--rebuild", action="store_true", help="rebuild courselib/data/tiny_gpt from scratch")
-    parser.add_argument("--out", default=str(MODEL_DIR), help="where to write the model")
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads (default: torch's choice; 1 is faster on a busy shared machine)")
-    parser.add_argument("--sample", type=int, default=0, help="print this many corpus stories and stop")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.sample:
-        print("\n\n".join(corpus(args.sample)))
-        return 0
-    if not args.rebuild:
-        parser.print_help()
-        return 0
-    _, _, log = rebuild(args.out, steps=args.steps)
-    print(f"wrote {args.out}: final loss {log['final_loss']}, held-out perplexity {log['held_out']['perplexity']}, "
-          f"after {log['minutes']} minutes")
-    for name, text in log["samples"].items():
-        print(f"{name}: {text}")
-    return 0
+    def rebuild_and_report(out, steps):
+        _, _, log = rebuild(out, steps=steps)
+        print(f"wrote {out}: final loss {log['final_loss']}, held-out perplexity {log['held_out']['perplexity']}, "
+              f"after {log['minutes']} minutes")
+        for name, text in log["samples"].items():
+            print(f"{name}: {text}")
+
+    return checkpoint_cli(argv, prog="python -m courselib.gpt", description=__doc__.splitlines()[0],
+                          model_dir=MODEL_DIR, steps=STEPS, sample=lambda n: print("\n\n".join(corpus(n))),
+                          rebuild=rebuild_and_report)
 
 
 if __name__ == "__main__":

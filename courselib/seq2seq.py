@@ -28,7 +28,6 @@ rebuilt from nothing but this file, with a fixed seed:
 
     python -m courselib.seq2seq --rebuild [--threads 1]
 """
-import argparse
 import datetime
 import json
 import pathlib
@@ -43,6 +42,7 @@ from torch import nn
 
 from courselib.attention import MultiHeadAttention, causal_mask, padding_mask
 from courselib.blocks import EncoderLayer, FeedForward, LayerNorm, LearnedPositionalEmbedding, TokenEmbedding
+from courselib.training import checkpoint_cli
 
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "data" / "seq2seq_dates"
 
@@ -417,26 +417,16 @@ def load_checkpoint(model_class=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m courselib.seq2seq", description=__doc__.splitlines()[0])
-    parser.add_argument("--rebuild", action="store_true", help="retrain courselib/data/seq2seq_dates from scratch")
-    parser.add_argument("--out", default=str(MODEL_DIR), help="where to write the checkpoint")
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads (default: torch's choice; 1 is faster on a busy shared machine)")
-    parser.add_argument("--sample", type=int, default=0, help="print this many training pairs and stop")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.sample:
-        for source, target in sample_pairs(args.sample, random.Random(SEED)):
+    def print_pairs(n):
+        for source, target in sample_pairs(n, random.Random(SEED)):
             print(f"{source:>20}  ->  {target}")
-        return 0
-    if not args.rebuild:
-        parser.print_help()
-        return 0
-    _, log = rebuild(args.out, steps=args.steps)
-    print(f"wrote {args.out}: held-out exact match {log['held_out_exact_match']:.2%} after {log['minutes']} minutes")
-    return 0
+
+    def rebuild_and_report(out, steps):
+        _, log = rebuild(out, steps=steps)
+        print(f"wrote {out}: held-out exact match {log['held_out_exact_match']:.2%} after {log['minutes']} minutes")
+
+    return checkpoint_cli(argv, prog="python -m courselib.seq2seq", description=__doc__.splitlines()[0],
+                          model_dir=MODEL_DIR, steps=STEPS, sample=print_pairs, rebuild=rebuild_and_report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ a uniform guess over the vocabulary) to a final 0.611 (mean of the last 100 step
 `courselib/data/tiny_bert/training_log.json` has the whole curve; the same seed gives the same
 vocabulary and the same first losses, which `autograder/tests/test_tiny_bert.py` checks.
 """
-import argparse
 import collections
 import json
 import os
@@ -478,26 +477,15 @@ def load_fill_mask_model(name=BERT_BASE, attn_implementation=None, verbose=True)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m courselib.tiny_bert", description=__doc__.splitlines()[0])
-    parser.add_argument("--rebuild", action="store_true", help="rebuild courselib/data/tiny_bert from scratch")
-    parser.add_argument("--out", default=str(MODEL_DIR), help="where to write the model")
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads (default: torch's choice; 1 is faster on a busy shared machine)")
-    parser.add_argument("--sample", type=int, default=0, help="print this many corpus sentences and stop")
-    args = parser.parse_args(argv)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    if args.sample:
-        print("\n".join(corpus(args.sample)))
-        return 0
-    if not args.rebuild:
-        parser.print_help()
-        return 0
-    _, _, log = rebuild(args.out, steps=args.steps)
-    print(f"wrote {args.out}: final loss {log['final_loss']} after {log['minutes']} minutes")
-    return 0
+    from courselib.training import checkpoint_cli
+
+    def rebuild_and_report(out, steps):
+        _, _, log = rebuild(out, steps=steps)
+        print(f"wrote {out}: final loss {log['final_loss']} after {log['minutes']} minutes")
+
+    return checkpoint_cli(argv, prog="python -m courselib.tiny_bert", description=__doc__.splitlines()[0],
+                          model_dir=MODEL_DIR, steps=STEPS, sample=lambda n: print("\n".join(corpus(n))),
+                          rebuild=rebuild_and_report)
 
 
 if __name__ == "__main__":

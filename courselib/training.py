@@ -1,5 +1,5 @@
-"""Training-loop helpers shared by the notebooks that train (07, 08, 09): a progress bar and a
-loss curve that redraws in place.
+"""Training-loop helpers shared by the notebooks that train (07–11): a progress bar, a loss curve that
+redraws in place, and the command line of the course's shipped checkpoints (`checkpoint_cli`).
 
     plot = LiveLossPlot("MLM loss")
     for step in progress(range(200), desc="training"):
@@ -10,6 +10,7 @@ loss curve that redraws in place.
 Under nbgrader (`NBGRADER_EXECUTION` is set while autograding or validating) the curve is drawn
 once at the end, so grading stays fast.
 """
+import argparse
 import os
 
 import matplotlib.pyplot as plt
@@ -73,3 +74,26 @@ class LiveLossPlot:
             except ImportError:
                 pass
         return self.figure
+
+
+def checkpoint_cli(argv, *, prog, description, model_dir, steps, sample, rebuild):
+    """The command line of a module that ships a checkpoint (tiny_bert, gpt, seq2seq): `--rebuild` retrains
+    it from scratch with `rebuild(out, steps)`, `--sample N` prints N examples of its data with `sample(N)`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--rebuild", action="store_true", help=f"rebuild {model_dir} from scratch")
+    parser.add_argument("--out", default=str(model_dir), help="where to write the checkpoint")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (default: torch's choice; 1 is faster on a busy shared machine)")
+    parser.add_argument("--sample", type=int, default=0, help="print this many examples of the data and stop")
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    if args.sample:
+        sample(args.sample)
+    elif args.rebuild:
+        rebuild(args.out, args.steps)
+    else:
+        parser.print_help()
+    return 0
