@@ -156,7 +156,7 @@ EXPECTED = {
     ("jon", A04): ("full", "ran out of memory"),
     ("kai", A04): ("full", "printed too much"),
     ("lia", A04): ("zero", "torch.allclose was replaced"),
-    ("max", A01): ("partial", "a class defined in your notebook"),
+    ("max", A01): ("partial", "defines a comparison hook that could fake a test"),
     ("nia", A04): ("zero", "input transformers (cleanup) was changed"),
     ("oto", A04): ("zero", "custom exception handler was changed"),
     # In the OS sandbox the solutions and the gradebook are not there to open (unsandboxed, the guard
