@@ -11,6 +11,11 @@ behaviour. The oracles are independent of the reference solution:
   the NumPy form (and forbid the library's version while the student's code runs).
 - relative shifts are graded by the identity they must satisfy, PE[t + k] == PE[t] @ M, over many
   t, k, d and bases, with PE from `oracle_pe` (never from the student's exercise 1);
+- rotary embeddings (`oracle_rope`): the rotation written pair by pair in NumPy float64, in Hugging
+  Face's rotate_half layout (pairs i, i + d/2); it agrees with transformers' Llama `apply_rotary_pos_emb`
+  to float32 precision (the notebook's visible test compares with the library itself). The relative-
+  position and norm checks grade properties (scores unchanged when every position moves, lengths kept),
+  not values;
 - the learned table is compared with `torch.nn.functional.embedding` and with torch's autograd, on
   a table the check fills with seeded weights (the judge rebuilds them).
 Where raising is the right answer (odd d_model, too long a sequence), the probe reports what was
@@ -506,3 +511,237 @@ def judge_learned_length_limit(seeds, outcomes):
         if str(length) not in message or str(LIMIT) not in message:
             raise AssertionError(f"with max_positions=10, {what} raised ValueError({message!r}). Make it clear: "
                                  f"give the length you got ({length}) and the limit ({LIMIT}).")
+
+
+# ---------------------------------------------------------------- exercise 3: apply_rope
+ROPE_NAME = "apply_rope"
+# transformers' models whose code carries a rotary implementation (a copy of Llama's or GPT-J's)
+ROPE_MODELS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo",
+               "cohere", "gptj", "codegen"]
+ROPE_FUNCTIONS = ["apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "apply_rotary_pos_emb_interleave"]
+ROPE_ADVICE = "write the rotation yourself: transformers' rotary code is the oracle here, not the answer."
+
+
+def rope_shortcuts():
+    """transformers' rotary functions, and the constructors of its rotary-embedding classes (their cos and
+    sin tables), in every model module already imported (the notebook imports Llama's for its visible
+    test; importing the others here would cost seconds for students who never touched them)."""
+    targets = []
+    for model in ROPE_MODELS:
+        name = f"transformers.models.{model}.modeling_{model}"
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        targets += [f"{name}.{function}" for function in ROPE_FUNCTIONS if hasattr(module, function)]
+        # the class's __init__ (a plain function); its forward is wrapped by torch.no_grad, whose wrapper
+        # code every no_grad function shares, so watching the whole class would flag unrelated calls
+        targets += [f"{name}.{attribute}.__init__" for attribute, value in vars(module).items()
+                    if attribute.endswith("RotaryEmbedding") and isinstance(value, type)
+                    and value.__module__ == name]
+    return targets
+
+
+def oracle_rope(x, positions, base=10000.0, layout="half", exponent=2.0, sign=1.0, minus=True):
+    """RoPE written pair by pair in NumPy float64, for x of shape (..., T, d) and T positions.
+    layout "half" pairs dimensions (i, i + d/2) (Hugging Face's rotate_half), "interleaved" (2i, 2i + 1).
+    The other arguments build the usual wrong versions. It agrees with transformers' Llama
+    `apply_rotary_pos_emb` (cos and sin from `LlamaRotaryEmbedding`) to float32 precision; the checks
+    use this form, in float64, and forbid the library's while the student's code runs."""
+    x = np.asarray(x, dtype=np.float64)
+    positions = np.asarray(positions, dtype=np.float64)
+    d = x.shape[-1]
+    half = d // 2
+    out = x.copy()
+    for i in range(half):
+        a, b = (i, i + half) if layout == "half" else (2 * i, 2 * i + 1)
+        angle = positions * base ** (-exponent * i / d)                  # (T,)
+        c, s = np.cos(angle), sign * np.sin(angle)
+        out[..., a] = x[..., a] * c - (1 if minus else -1) * x[..., b] * s
+        out[..., b] = x[..., b] * c + x[..., a] * s
+    return out
+
+
+def _rope(fn, q, k, positions=None, **kwargs):
+    args = (q, k) if positions is None else (q, k, positions)
+    result = call(fn, *args, name=ROPE_NAME, forbidden=rope_shortcuts(), forbidden_advice=ROPE_ADVICE, **kwargs)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and all(map(torch.is_tensor, result))):
+        raise AssertionError(f"{ROPE_NAME} should return the pair (q_rotated, k_rotated) of tensors, but it "
+                             f"returned {type(result).__name__}{'' if not isinstance(result, (tuple, list)) else f' of length {len(result)}'}.")
+    return tuple(result)
+
+
+def rope_inputs(seeds, n, leading, T, d, dtype=torch.float64):
+    g = seeds.generator(n)
+    return (torch.randn(*leading, T, d, generator=g, dtype=dtype), torch.randn(*leading, T, d, generator=g, dtype=dtype))
+
+
+def rope_shape_cases(seeds):
+    """(leading dims, T, d, dtype, pass positions?)"""
+    return [((), 3, 4, torch.float32, False), ((2,), 5, 6, torch.float64, True),
+            ((1, 2), 4, 10, torch.float32, True), ((), 7, 2, torch.float64, False)]
+
+
+@probe
+def rope_shape(seeds, fn):
+    results = []
+    for n, (leading, T, d, dtype, with_positions) in enumerate(rope_shape_cases(seeds)):
+        q, k = rope_inputs(seeds, 1400 + n, leading, T, d, dtype)
+        positions = torch.arange(3, 3 + T) if with_positions else None
+        results.append(_rope(fn, q, k, positions))
+    return results
+
+
+@rope_shape.judge
+def judge_rope_shape(seeds, results):
+    for (leading, T, d, dtype, _), (q_rot, k_rot) in zip(rope_shape_cases(seeds), results):
+        shape = (*leading, T, d)
+        for name, result in (("q_rotated", q_rot), ("k_rotated", k_rot)):
+            expect_shape(result, shape, f"{name} for inputs of shape {shape}",
+                         "Return the shapes of q and k: the (T, d/2) angles broadcast over any leading dimensions.")
+            if result.dtype != dtype:
+                raise AssertionError(f"{ROPE_NAME} turned {dtype} inputs into {result.dtype}: compute in the dtype "
+                                     "of q (build the frequencies and angles with dtype=q.dtype).")
+
+
+def rope_value_cases(seeds):
+    """(leading dims, T, d, positions or None, base): fixed sizes and bases, positions (unsorted, in the
+    thousands) and one base and d drawn for this run."""
+    rng = seeds.numpy(1410)
+    drawn_base = float(f"{math.exp(rng.uniform(math.log(100.0), math.log(1e6))):.4g}")
+    return [((2, 3), 7, 8, None, 10000.0),
+            ((), 9, 16, rng.integers(0, 5000, 9), 10000.0),
+            ((4,), 5, 2, rng.integers(0, 5000, 5), 500.0),
+            ((2, 1), 6, 2 * int(rng.integers(2, 17)), rng.integers(0, 5000, 6), drawn_base),
+            ((3,), 11, 12, None, 123.0)]
+
+
+def rope_diagnoses(q, k, positions, base, given_positions):
+    def both(**kwargs):
+        return np.stack([oracle_rope(q, positions, base, **kwargs), oracle_rope(k, positions, base, **kwargs)])
+
+    diagnoses = {
+        "you paired neighbouring dimensions (2i, 2i+1), the interleaved layout. This exercise uses Hugging "
+        "Face's rotate_half layout: pair i is dimensions i and i + d/2.": both(layout="interleaved"),
+        "your frequencies fall too slowly: theta_i = base^(-2i/d), with i numbering the pairs; you used "
+        "base^(-i/d).": both(exponent=1.0),
+        "your rotation turns the wrong way: the sign of the sine is flipped. x'_i = x_i cos - x_(i+d/2) sin, "
+        "x'_(i+d/2) = x_(i+d/2) cos + x_i sin.": both(sign=-1.0),
+        "the minus sign is missing: x'_i = x_i cos - x_(i+d/2) sin (rotate_half(x) is cat(-x2, x1)); without "
+        "it the map is not a rotation.": both(minus=False),
+        "you rotated only the queries. Rotate the keys too, each by its own position, otherwise the score "
+        "depends on the query's position alone.": np.stack([oracle_rope(q, positions, base), np.asarray(k)]),
+    }
+    if not given_positions:
+        diagnoses["your positions start at 1. With positions=None they are 0, 1, ..., T - 1, so the first "
+                  "row is not rotated."] = np.stack([oracle_rope(q, positions + 1, base),
+                                                     oracle_rope(k, positions + 1, base)])
+    if base != 10000.0:
+        diagnoses[f"you used base 10000 although base={base:g} was passed: use the `base` argument."] = \
+            np.stack([oracle_rope(q, positions, 10000.0), oracle_rope(k, positions, 10000.0)])
+    return diagnoses
+
+
+@probe
+def rope_values(seeds, fn):
+    results = []
+    for n, (leading, T, d, positions, base) in enumerate(rope_value_cases(seeds)):
+        q, k = rope_inputs(seeds, 1420 + n, leading, T, d)
+        results.append(_rope(fn, q, k, None if positions is None else torch.as_tensor(positions), base=base))
+    return results
+
+
+@rope_values.judge
+def judge_rope_values(seeds, results):
+    for n, ((leading, T, d, positions, base), (q_rot, k_rot)) in enumerate(zip(rope_value_cases(seeds), results)):
+        q, k = rope_inputs(seeds, 1420 + n, leading, T, d)
+        given = positions is not None
+        positions = np.asarray(positions, dtype=np.float64) if given else np.arange(T, dtype=np.float64)
+        shown = (f"{ROPE_NAME}(q, k{', positions' if given else ''}, base={base:g}) for q, k of shape "
+                 f"{(*leading, T, d)}" + (f", positions {positions.astype(int).tolist()}" if given else ""))
+        expect_shape(q_rot, (*leading, T, d), f"q_rotated of {shown}")
+        expect_shape(k_rot, (*leading, T, d), f"k_rotated of {shown}")
+        actual = np.stack([to_numpy(q_rot, "q_rotated"), to_numpy(k_rot, "k_rotated")])
+        expected = np.stack([oracle_rope(q, positions, base), oracle_rope(k, positions, base)])
+        tight = dict(rtol=1e-7, atol=1e-8)  # float64 all the way: angles in the thousands keep ~1e-12
+        if not np.allclose(actual, expected, **tight) and np.allclose(actual, expected, rtol=1e-3, atol=1e-3):
+            raise AssertionError(f"(q_rotated, k_rotated) of {shown} are right only to float32 precision (largest "
+                                 f"difference {np.abs(actual - expected).max():.2g}). With float64 inputs compute the "
+                                 "frequencies and angles in float64 too: dtype=q.dtype.")
+        expect_close(actual, expected, f"(q_rotated, k_rotated) of {shown}",
+                     "Pair i is dimensions (i, i + d/2): x'_i = x_i cos(p theta_i) - x_(i+d/2) sin(p theta_i), "
+                     "x'_(i+d/2) = x_(i+d/2) cos(p theta_i) + x_i sin(p theta_i), theta_i = base^(-2i/d).",
+                     diagnoses=rope_diagnoses(q, k, positions, base, given), **tight)
+
+
+def rope_relative_problem(seeds):
+    """One query and one key vector, repeated at T seeded positions, and a seeded shift of them all."""
+    rng = seeds.numpy(1430)
+    d, T = 2 * int(rng.integers(2, 17)), 24
+    g = seeds.generator(1431)
+    q, k = torch.randn(1, d, generator=g, dtype=torch.float64), torch.randn(1, d, generator=g, dtype=torch.float64)
+    positions = rng.integers(0, 3000, T)
+    return q.repeat(T, 1), k.repeat(T, 1), positions, int(rng.integers(1, 100_000))
+
+
+@probe
+def rope_relative_position(seeds, fn):
+    q, k, positions, shift = rope_relative_problem(seeds)
+    return (_rope(fn, q.clone(), k.clone(), torch.as_tensor(positions)),
+            _rope(fn, q.clone(), k.clone(), torch.as_tensor(positions + shift)))
+
+
+@rope_relative_position.judge
+def judge_rope_relative_position(seeds, results):
+    q, k, positions, shift = rope_relative_problem(seeds)
+    q, k = q.numpy(), k.numpy()
+    (q_near, k_near), (q_far, k_far) = [(to_numpy(a, "q_rotated"), to_numpy(b, "k_rotated")) for a, b in results]
+    for rotated in (q_near, k_near, q_far, k_far):
+        expect_shape(rotated, q.shape, f"the result for q, k of shape {q.shape}")
+    if np.allclose(k_near, k) and not np.allclose(q_near, q):
+        raise AssertionError("your keys come back unrotated: you rotated only the queries. Rotate the keys "
+                             "too, each by its own position, otherwise the score depends on the query's "
+                             "position alone, not on m - n.")
+    if np.allclose(q_near, q) and not np.allclose(k_near, k):
+        raise AssertionError("your queries come back unrotated: you rotated only the keys. Rotate both.")
+    scores_near, scores_far = q_near @ k_near.T, q_far @ k_far.T            # (T, T): q'_m . k'_n
+    if np.allclose(scores_near, q @ k.T):
+        raise AssertionError("your scores q'_m . k'_n do not depend on the positions at all: each pair must "
+                             "turn by the angle p * theta_i, with p the row's position.")
+    expect_close(scores_far, scores_near,
+                 f"the scores q'_m . k'_n after moving every position by {shift}",
+                 "Moving every token by the same amount keeps every offset m - n, so no score may change: "
+                 "rotate q and k with the same angles, each row by its own position.",
+                 rtol=1e-7, atol=1e-8)
+
+
+def rope_norm_problem(seeds):
+    rng = seeds.numpy(1440)
+    d, T = 2 * int(rng.integers(1, 33)), 8
+    g = seeds.generator(1441)
+    q, k = (torch.randn(2, 3, T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, rng.integers(0, 100_000, T)
+
+
+@probe
+def rope_norm(seeds, fn):
+    q, k, positions = rope_norm_problem(seeds)
+    return _rope(fn, q, k, torch.as_tensor(positions))
+
+
+@rope_norm.judge
+def judge_rope_norm(seeds, result):
+    q, k, positions = rope_norm_problem(seeds)
+    q_rot, k_rot = to_numpy(result[0], "q_rotated"), to_numpy(result[1], "k_rotated")
+    expect_shape(q_rot, tuple(q.shape), "q_rotated")
+    expect_shape(k_rot, tuple(k.shape), "k_rotated")
+    q, k = q.numpy(), k.numpy()
+    where = f"at positions {positions.tolist()}"
+    expect_close(np.linalg.norm(q_rot, axis=-1), np.linalg.norm(q, axis=-1), f"the lengths of the rotated queries {where}",
+                 "A rotation keeps lengths (cos^2 + sin^2 = 1): check the minus sign in "
+                 "x'_i = x_i cos - x_(i+d/2) sin, and that each pair uses one angle for both its entries.",
+                 rtol=1e-7, atol=1e-8)
+    expect_close(np.linalg.norm(k_rot, axis=-1), np.linalg.norm(k, axis=-1), f"the lengths of the rotated keys {where}",
+                 "Rotate the keys with the same rotation: lengths are kept.", rtol=1e-7, atol=1e-8)
+    expect_close((q_rot * k_rot).sum(-1), (q * k).sum(-1), f"q'_p . k'_p {where}",
+                 "A query and a key at the same position turn by the same angles, so their score is the plain "
+                 "q . k.", rtol=1e-7, atol=1e-8)

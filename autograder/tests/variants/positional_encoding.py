@@ -5,6 +5,7 @@ ASSIGNMENT = "03_positional_encoding"
 PE = "sinusoidal_positional_encoding_answer"
 SHIFT = "relative_shift_matrix_answer"
 LEARNED = "learned_positional_embedding_answer"
+ROPE = "apply_rope_answer"
 
 
 def pe(body):
@@ -13,6 +14,10 @@ def pe(body):
 
 def shift(body):
     return "def relative_shift_matrix(k, d_model, base=10000.0):\n" + body
+
+
+def rope(body):
+    return "def apply_rope(q, k, positions=None, base=10000.0):\n" + body
 
 
 def learned(init_body, forward_body, base_class="nn.Module"):
@@ -59,6 +64,28 @@ LEARNED_TAIL = """        rows = self.table(torch.arange(T))
 """
 LENGTH_CHECK = """        if T > self.max_positions:
             raise ValueError(f"length {T} > max_positions={self.max_positions}")
+"""
+
+# The pieces of a correct rotary embedding (rotate_half layout), reused so that each mutant differs by one bug.
+ROPE_POSITIONS = """
+    T, d = q.shape[-2], q.shape[-1]
+    half = d // 2
+    if positions is None:
+        positions = torch.arange(T)
+"""
+ROPE_ANGLES = """
+    theta = base ** (-2 * torch.arange(half, dtype=q.dtype) / d)
+    angles = positions.to(q.dtype)[:, None] * theta
+"""
+ROPE_ROTATE = """
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x):
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+"""
+ROPE_BOTH = """
+    return rotate(q), rotate(k)
 """
 
 MUTANTS = [
@@ -173,6 +200,69 @@ from transformers.models.distilbert.modeling_distilbert import create_sinusoidal
     return torch.tensor([[c, -s], [s, c]])
 """)}, loses=("relative_shift_shape", "relative_shift_moves_positions", "relative_shift_is_rotation"),
         message="shape"),
+    # ---- apply_rope
+    # The layout the text does not ask for: RoFormer's and GPT-J's neighbouring pairs (2i, 2i+1).
+    Variant("rope_interleaved_pairs", {ROPE: rope(ROPE_POSITIONS + ROPE_ANGLES + """
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x):
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+""" + ROPE_BOTH)}, loses=("rope_values",), message="interleaved layout"),
+    Variant("rope_exponent_i_over_d", {ROPE: rope(ROPE_POSITIONS + """
+    theta = base ** (-torch.arange(half, dtype=q.dtype) / d)
+    angles = positions.to(q.dtype)[:, None] * theta
+""" + ROPE_ROTATE + ROPE_BOTH)}, loses=("rope_values",), message="base^(-2i/d)"),
+    Variant("rope_rotates_only_queries", {ROPE: rope(ROPE_POSITIONS + ROPE_ANGLES + ROPE_ROTATE + """
+    return rotate(q), k
+""")}, loses=("rope_values", "rope_relative_position"), message="only the queries"),
+    Variant("rope_sin_sign_flipped", {ROPE: rope(ROPE_POSITIONS + ROPE_ANGLES + """
+    cos, sin = angles.cos(), -angles.sin()
+
+    def rotate(x):
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+""" + ROPE_BOTH)}, loses=("rope_values",), message="sign of the sine is flipped"),
+    # rotate_half as cat(x2, x1): the map is no longer a rotation, so lengths change.
+    Variant("rope_rotate_half_without_minus", {ROPE: rope(ROPE_POSITIONS + ROPE_ANGLES + """
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+
+    def rotate(x):
+        return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin
+""" + ROPE_BOTH)}, loses=("rope_values", "rope_norm"), message="minus sign"),
+    Variant("rope_positions_start_at_1", {ROPE: rope("""
+    T, d = q.shape[-2], q.shape[-1]
+    half = d // 2
+    if positions is None:
+        positions = torch.arange(1, T + 1)
+""" + ROPE_ANGLES + ROPE_ROTATE + ROPE_BOTH)}, loses=("rope_values",), message="start at 1"),
+    Variant("rope_base_ignored", {ROPE: rope(ROPE_POSITIONS + """
+    theta = 10000.0 ** (-2 * torch.arange(half, dtype=q.dtype) / d)
+    angles = positions.to(q.dtype)[:, None] * theta
+""" + ROPE_ROTATE + ROPE_BOTH)}, loses=("rope_values",), message="base"),
+    # Right formula, float32 angles: good to 1e-5 near position 0, not in float64 at position 4000.
+    Variant("rope_angles_in_float32", {ROPE: rope(ROPE_POSITIONS + """
+    theta = base ** (-2 * torch.arange(half, dtype=torch.float32) / d)
+    angles = (positions.float()[:, None] * theta).to(q.dtype)
+""" + ROPE_ROTATE + ROPE_BOTH)}, loses=("rope_values",), message="float32 precision"),
+    # Hard-coding the visible example (d = 16, positions from 0): other sizes and positions earn nothing.
+    Variant("rope_hard_coded_visible_answer", {ROPE: rope("""
+    theta = 10000.0 ** (-torch.arange(8, dtype=q.dtype) / 8)
+    angles = torch.arange(q.shape[-2], dtype=q.dtype)[:, None] * theta
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x):
+        return torch.cat([x[..., :8] * cos - x[..., 8:] * sin, x[..., 8:] * cos + x[..., :8] * sin], dim=-1)
+""" + ROPE_BOTH)}, loses=("rope_shape", "rope_values", "rope_relative_position", "rope_norm"), message="size of tensor"),
+    # transformers' own code under the hood: refused and flagged.
+    Variant("rope_calls_transformers", {ROPE: """
+from transformers.models.llama.modeling_llama import rotate_half as _rotate_half
+
+
+""" + rope(ROPE_POSITIONS + ROPE_ANGLES + """
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+""")}, loses=("rope_shape", "rope_values"), message="flagged for review"),
     # ---- LearnedPositionalEmbedding
     Variant("learned_no_length_check", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
 """ + LEARNED_TAIL)}, loses=("learned_length_limit",), message="IndexError"),
@@ -274,6 +364,50 @@ ALTERNATIVES = [
     idx = torch.arange(0, d_model, 2)
     M[idx, idx], M[idx + 1, idx + 1], M[idx + 1, idx], M[idx, idx + 1] = c, c, s, -s
     return M.float()
+""")}),
+    # ---- apply_rope
+    # Meta's LLaMA style: complex numbers, here over rotate_half's pairs z_i = x_i + i x_(i+d/2).
+    Variant("rope_complex_multiplication", {ROPE: rope("""
+    T, d = q.shape[-2], q.shape[-1]
+    if positions is None:
+        positions = torch.arange(T)
+    theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=q.dtype) / d)
+    turn = torch.polar(torch.ones(T, d // 2, dtype=q.dtype), torch.outer(positions.to(q.dtype), theta))
+
+    def rotate(x):
+        pairs = x.unflatten(-1, (2, d // 2)).transpose(-1, -2).contiguous()   # (..., T, d/2, 2)
+        z = torch.view_as_complex(pairs) * turn
+        return torch.view_as_real(z).transpose(-1, -2).flatten(-2)
+
+    return rotate(q), rotate(k)
+""")}),
+    Variant("rope_loop_over_pairs", {ROPE: rope("""
+    T, d = q.shape[-2], q.shape[-1]
+    positions = list(range(T)) if positions is None else [int(p) for p in positions]
+    q_out, k_out = q.clone(), k.clone()
+    for i in range(d // 2):
+        j = i + d // 2
+        for t, p in enumerate(positions):
+            angle = p * base ** (-2.0 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            for x, out in ((q, q_out), (k, k_out)):
+                out[..., t, i] = x[..., t, i] * c - x[..., t, j] * s
+                out[..., t, j] = x[..., t, j] * c + x[..., t, i] * s
+    return q_out, k_out
+""")}),
+    # Hugging Face's formulation written out: cos and sin tables of width d, and rotate_half.
+    Variant("rope_cos_sin_tables_and_rotate_half", {ROPE: rope("""
+    T, d = q.shape[-2], q.shape[-1]
+    if positions is None:
+        positions = torch.arange(T)
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=q.dtype) / d))
+    freqs = positions[:, None].to(q.dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)                  # (T, d)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+
+    return q * emb.cos() + rotate_half(q) * emb.sin(), k * emb.cos() + rotate_half(k) * emb.sin()
 """)}),
     # ---- LearnedPositionalEmbedding
     Variant("learned_parameter_and_slicing", {LEARNED: learned("""        super().__init__()
