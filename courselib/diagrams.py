@@ -66,7 +66,11 @@ def draw(boxes, arrows, title="", size=(7, 6), ax=None, limits=((0, 100), (0, 10
         style = arrow[3] if len(arrow) > 3 else "solid"
         colour = {"cross": "#c0392b", "dashed": "#7f8c8d"}.get(style, "#333333")
         if style == "dashed":  # a skip connection: out to the right of the column, up, and back in
-            side = max(start.x + start.width / 2, end.x + end.width / 2) + 5
+            # clear every box of the column that the skip passes, not only its two ends
+            low, high = sorted((start.y, end.y))
+            passed = [box for box in boxes if low <= box.y <= high
+                      and box.x - box.width / 2 <= start.x <= box.x + box.width / 2]
+            side = max(box.x + box.width / 2 for box in passed + [start, end]) + 5
             corners = [(start.x + start.width / 2, start.y), (side, start.y), (side, end.y),
                        (end.x + end.width / 2 + 0.8, end.y)]
             patch = FancyArrowPatch(path=Path(corners, [Path.MOVETO] + [Path.LINETO] * 3), arrowstyle="-|>",
@@ -105,7 +109,7 @@ def qkv_projections(ax=None):
     return draw(boxes, arrows, "Where Q, K and V come from", ax=ax)
 
 
-def head_split(num_heads=3, d_head=2, T=4, ax=None):
+def head_split(num_heads=2, d_head=3, T=4, ax=None):
     """05: x (B, T, d_model) as a grid, one row per token and d_model = h·d_head columns coloured by head;
     .view + .transpose(1, 2) give h grids (T, d_head), each holding *all* T tokens. Cells show 10·t + j,
     the token t and the feature j, as in the notebook's example."""
