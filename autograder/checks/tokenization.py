@@ -10,6 +10,10 @@ are Hugging Face's own implementations, run by the judges only:
   against the rule as stated, with the pairs counted on words split by `tokenizers`' BPE model;
 - `tokenizers.models.BPE(end_of_word_suffix="</w>")` for `bpe_encode`;
 - `tokenizers.models.WordPiece` for `wordpiece_tokenize`;
+- transformers' copy of GPT-2's `bytes_to_unicode` for `bytes_to_unicode`; tokenizers'
+  `pre_tokenizers.ByteLevel(add_prefix_space=False)` for `byte_level_pretokenize`; `decoders.ByteLevel`
+  and the course's byte-level BPE (`courselib/data/tiny_gpt/tokenizer.json`, trained on the course's
+  stories) for `byte_level_decode`;
 - `transformers.BertTokenizerFast(vocab=<vocab.txt>)` for `bert_encode_batch` (imported when first
   needed: it costs about 2 s).
 The seeds come from the grader's per-run token, so the hidden inputs change from run to run and are
@@ -25,8 +29,10 @@ import types
 from collections import Counter
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.models import BPE, WordPiece
+
+import courselib
 
 from autograder.checks.common import Forbidden, Seeds, call, describe, expect_close, expect_shape, probe
 
@@ -702,7 +708,7 @@ def judge_wordpiece_unknown_words(seeds, results):
     expect_wordpieces(unknown_word_cases(seeds), results)
 
 
-# ---------------------------------------------------------------- exercise 4: bert_encode_batch
+# ---------------------------------------------------------------- exercise 7: bert_encode_batch
 WORDS = ["the", "baker", "bakes", "baked", "bread", "read", "reader", "reading", "unread", "helper",
          "helpers", "kind", "kindness", "new", "newest", "low", "lower", "loaf", "and", "a", "is", "was"]
 PIECES = ["bak", "##e", "##es", "##ed", "##er", "##ers", "##ing", "##ness", "##est", "un", "re", "##s", "##ly"]
@@ -910,3 +916,362 @@ def judge_bert_encode_batch_padding_and_mask(seeds, results):
         pad_id = oracle.vocab[PAD]
         if not bool((ids[expected_mask == 0] == pad_id).all()):
             raise AssertionError(f"padding positions must hold the [PAD] id, vocab['[PAD]'] = {pad_id} here.")
+
+
+# ---------------------------------------------------------------- exercises 4-6: byte-level BPE (GPT-2)
+# The oracles: transformers' copy of GPT-2's `bytes_to_unicode` for the table (imported when first
+# needed), tokenizers' `pre_tokenizers.ByteLevel(add_prefix_space=False)` for the pre-tokenizer, and
+# for decoding `decoders.ByteLevel` and the course's own byte-level BPE (ByteLevel pre-tokenizer + BPE
+# model + ByteLevel decoder, trained on the course's stories: courselib/data/tiny_gpt/tokenizer.json).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+COURSE_BYTE_BPE = pathlib.Path(courselib.__file__).resolve().parent / "data" / "tiny_gpt" / "tokenizer.json"
+
+# GPT-2's table is copied in several libraries, and tokenizers and transformers both pre-tokenize and
+# decode byte-level BPE in compiled or Python code: any of them would answer exercises 4-6.
+BYTE_LEVEL_SHORTCUTS = [
+    "transformers.convert_slow_tokenizer.bytes_to_unicode",
+    "transformers.models.clvp.tokenization_clvp.bytes_to_unicode",
+    "transformers.models.clvp.tokenization_clvp.ClvpTokenizer",
+    "bertviz.transformers_neuron_view.tokenization_gpt2.bytes_to_unicode",
+    "bertviz.transformers_neuron_view.tokenization_gpt2.GPT2Tokenizer",
+    "bertviz.transformers_neuron_view.tokenization_roberta.RobertaTokenizer",
+    "tokenizers.pre_tokenizers.ByteLevel.alphabet",
+    "tokenizers.pre_tokenizers.PreTokenizer.pre_tokenize_str", "tokenizers.pre_tokenizers.PreTokenizer.pre_tokenize",
+    *as_called_on_subclasses(pre_tokenizers.PreTokenizer, "pre_tokenize_str"),
+    *as_called_on_subclasses(pre_tokenizers.PreTokenizer, "pre_tokenize"),
+    "tokenizers.decoders.Decoder.decode", *as_called_on_subclasses(decoders.Decoder, "decode"),
+    "tokenizers.Tokenizer.decode", "tokenizers.Tokenizer.decode_batch", *ENCODINGS,
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase.decode",
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase.batch_decode",
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase.tokenize",
+    "courselib.gpt.train_tokenizer",
+    *ours("reference_bytes_to_unicode", "reference_pretokenize", "reference_decode"),
+]
+BYTE_LEVEL_ADVICE = ("the library's byte-level pre-tokenizer, decoder and table are the oracles the tests compare "
+                     "with, not the answer: write it yourself.")
+
+PRINTABLE_BYTES = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+
+
+def reference_bytes_to_unicode():
+    """GPT-2's table, handed to the pre-tokenizer and the decoder in place of the student's (see common.call)."""
+    moved = [b for b in range(256) if b not in PRINTABLE_BYTES]
+    return {**{b: chr(b) for b in PRINTABLE_BYTES}, **{b: chr(256 + n) for n, b in enumerate(moved)}}
+
+
+def reference_pretokenize(text, pattern=GPT2_PATTERN, table=None):
+    import regex
+    table = table or reference_bytes_to_unicode()
+    return ["".join(table[b] for b in piece.encode("utf-8")) for piece in regex.findall(pattern, text)]
+
+
+def reference_decode(tokens, errors="replace"):
+    inverse = {char: b for b, char in reference_bytes_to_unicode().items()}
+    return bytes(inverse[char] for char in "".join(tokens)).decode("utf-8", errors=errors)
+
+
+def gpt2_table():
+    """Judge side: transformers' copy of GPT-2's bytes_to_unicode."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    return bytes_to_unicode()
+
+
+@functools.lru_cache(maxsize=1)
+def course_byte_bpe():
+    """The course's byte-level BPE (trained on the stories of courselib.gpt), probe and judge alike."""
+    return Tokenizer.from_file(str(COURSE_BYTE_BPE))
+
+
+class _Each:
+    """fn(*args) for each args, inside one `call` (one watch, helpers swapped once). It carries fn's
+    globals, so that `call` swaps helpers into the student's namespace. Keeps the results up to the
+    first exception, and a teaching message for that exception."""
+
+    HINTS = {UnicodeDecodeError: " Bytes cut in the middle of a character are not valid UTF-8: decode with "
+                                 "errors='replace', which turns each broken sequence into '\ufffd'.",
+             KeyError: " Every character of a token stands for one byte: look it up in the inverse of "
+                       "bytes_to_unicode(), and every byte of piece.encode('utf-8') in bytes_to_unicode()."}
+
+    def __init__(self, fn, calls, name):
+        self.fn, self.calls, self.name = fn, calls, name
+        self.results, self.failure = [], None
+        if hasattr(fn, "__globals__"):
+            self.__globals__ = fn.__globals__
+
+    def __call__(self):
+        for args in self.calls:
+            try:
+                result = self.fn(*args)
+            except (NotImplementedError, Forbidden):
+                raise
+            except Exception as error:
+                hint = next((h for kind, h in self.HINTS.items() if isinstance(error, kind)), "")
+                self.failure = (f"{self.name}({', '.join(f'{a!r:.80}' for a in args)}) raised "
+                                f"{type(error).__name__}: {error}.{hint}")
+                return
+            self.results.append(list(result) if isinstance(result, list) else result)
+
+
+def _run_each(fn, calls, name):
+    if not callable(fn):
+        raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
+    each = _Each(fn, calls, name)
+    call(each, name=name, helpers={"bytes_to_unicode": reference_bytes_to_unicode},
+         forbidden=BYTE_LEVEL_SHORTCUTS, forbidden_advice=BYTE_LEVEL_ADVICE)
+    return each
+
+
+# ---- exercise 4: bytes_to_unicode
+def _student_table(fn):
+    """Probe side: the student's table as [(byte, character)] pairs of plain ints and strings."""
+    table = call(fn, name="bytes_to_unicode", forbidden=BYTE_LEVEL_SHORTCUTS, forbidden_advice=BYTE_LEVEL_ADVICE)
+    if not isinstance(table, dict):
+        raise AssertionError(f"bytes_to_unicode() should return a dict {{byte: character}}, not a {type(table).__name__}.")
+    return [(int(key) if isinstance(key, int) and not isinstance(key, bool) else repr(key)[:40],
+             str.__str__(value) if isinstance(value, str) else repr(value)[:40]) for key, value in table.items()]
+
+
+@probe
+def bytes_to_unicode_printable_bijection(seeds, fn):
+    return _student_table(fn)
+
+
+@bytes_to_unicode_printable_bijection.judge
+def judge_bytes_to_unicode_printable_bijection(seeds, pairs):
+    keys = [key for key, _ in pairs]
+    if not all(type(key) is int for key in keys):
+        wrong = next(key for key in keys if type(key) is not int)
+        raise AssertionError(f"bytes_to_unicode()'s keys should be the byte values, the ints 0 to 255; one is {wrong}.")
+    if sorted(keys) != list(range(256)):
+        missing = sorted(set(range(256)) - set(keys))
+        raise AssertionError(f"bytes_to_unicode() has {len(set(keys))} keys: it needs all 256 byte values 0..255 "
+                             f"(missing: {missing[:8]}{'...' if len(missing) > 8 else ''}), so that any byte, "
+                             "and so any text, can be written.")
+    table = dict(pairs)
+    for byte, char in sorted(table.items()):
+        if len(char) != 1:
+            raise AssertionError(f"bytes_to_unicode()[{byte}] is {char!r}: every byte stands for one character.")
+    for byte, char in sorted(table.items()):
+        if not char.isprintable() or char.isspace():
+            raise AssertionError(
+                f"bytes_to_unicode()[{byte}] is {char!r}, a whitespace or control character. GPT-2 gives such bytes "
+                "visible stand-ins, chr(256 + n), so that every token is a visible string without spaces: the space "
+                "(byte 32) becomes 'Ġ'.")
+    seen = {}
+    for byte, char in sorted(table.items()):
+        if char in seen:
+            raise AssertionError(f"bytes {seen[char]} and {byte} both map to {char!r}: the table must be one-to-one, "
+                                 "or decoding can't tell them apart.")
+        seen[char] = byte
+
+
+@probe
+def bytes_to_unicode_matches_gpt2(seeds, fn):
+    return _student_table(fn)
+
+
+def with_soft_hyphen_kept():
+    printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 255]
+    moved = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(moved)}}
+
+
+def table_diagnoses():
+    moved = [b for b in range(256) if b not in PRINTABLE_BYTES]
+    kept = {b: chr(b) for b in PRINTABLE_BYTES}
+    return {
+        "the n-th moved byte (n = 0, 1, 2, ... counting only the 68 bytes that are not printable, in increasing "
+        "order) maps to chr(256 + n), not chr(256 + byte).": {**kept, **{b: chr(256 + b) for b in moved}},
+        "byte 173, the soft hyphen, is invisible: it is not among the printable bytes and moves too "
+        "(the printable ranges are 33-126, 161-172 and 174-255).": with_soft_hyphen_kept(),
+    }
+
+
+@bytes_to_unicode_matches_gpt2.judge
+def judge_bytes_to_unicode_matches_gpt2(seeds, pairs):
+    table, expected = dict(pairs), gpt2_table()
+    if table == expected:
+        return
+    for misconception, wrong in table_diagnoses().items():
+        if table == wrong:
+            raise AssertionError(f"bytes_to_unicode() is not GPT-2's table: {misconception}")
+    byte = next(b for b in range(256) if table.get(b) != expected[b])
+    raise AssertionError(
+        f"bytes_to_unicode()[{byte}] is {table.get(byte)!r}, GPT-2's table has {expected[byte]!r}. The printable bytes "
+        "(33-126, 161-172, 174-255) keep their own character chr(byte); the other 68, in increasing order, become "
+        "chr(256), chr(257), ...")
+
+
+# ---- exercise 5: byte_level_pretokenize
+ASCII_ATOMS = ([" "] * 6 + ["  ", "   ", "\n", "\n\n", "\t", " \n", "\r\n", "  \t "]
+               + [".", ",", "!", "?!", "...", "(", ")", "-", "'", '"', "$", "42", "2026", "3.14", "_"]
+               + ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL"])
+UNICODE_ATOMS = (["é", "e\u0301", "ñ", "n\u0303", "ü", "Å", "ç", "ø", "ß", "Œ", "café", "naïve", "Ångström"]
+                 + ["私", "パン", "好き", "中文", "한국어", "。", "、"]
+                 + ["😀", "👍🏽", "👩\u200d👩\u200d👧", "🇫🇷", "❤️", "🍞", "🥐🥖"]
+                 + ["½", "²", "٣", "Ⅻ", "१२", "€", "©", "—", "…", "«", "»", "→", "\u00a0", "\u3000"])
+
+
+def seeded_texts(g, count, atoms, max_atoms=14):
+    """Texts of up to max_atoms atoms; some words are capitalised."""
+    texts = []
+    for _ in range(count):
+        parts = [_choice(g, atoms) for _ in range(_index(g, max_atoms + 1))]
+        texts.append("".join(p.capitalize() if _index(g, 4) == 0 else p for p in parts))
+    return texts
+
+
+def ascii_texts(seeds):
+    words = made_up_words(seeds.generator(2102), 12)
+    return (["", " ", "   ", "\n", "x", "  a", "b  ", "one  two   three", "Tab\tand\nnewline"]
+            + seeded_texts(seeds.generator(2101), 40, ASCII_ATOMS + words * 2))
+
+
+def unicode_texts(seeds):
+    words = made_up_words(seeds.generator(2202), 8)
+    return (["e\u0301", "🇫🇷", " 🍞🍞", "٣½", "\u3000パン", "Crème brûlée 🍮 !"]
+            + seeded_texts(seeds.generator(2201), 45, UNICODE_ATOMS + ASCII_ATOMS + words))
+
+
+def pretokenize_diagnoses(text):
+    table = reference_bytes_to_unicode()
+    import regex
+    return {
+        "the space belongs to the word after it ('Ġworld'): GPT-2's pattern has an optional space ' ?' in "
+        "front of letters, numbers and other symbols.":
+            reference_pretokenize(text, GPT2_PATTERN.replace(" ?", "")),
+        "runs of spaces, tabs and newlines must survive (text.split() loses them): use GPT-2's pattern on the "
+        "text itself.": reference_pretokenize(" ".join(text.split())),
+        "map the UTF-8 bytes of each piece (piece.encode('utf-8')), not its characters: 'é' is two bytes, "
+        "shown 'Ã©'.": ["".join(table.get(ord(c), c) for c in piece) for piece in regex.findall(GPT2_PATTERN, text)],
+        "every byte must go through bytes_to_unicode(): the space becomes 'Ġ', the newline 'Ċ'.":
+            regex.findall(GPT2_PATTERN, text),
+    }
+
+
+def _pieces(fn, texts):
+    each = _run_each(fn, [(text,) for text in texts], "byte_level_pretokenize")
+    pieces = [as_tokens(result, f"byte_level_pretokenize({text!r:.80})") for text, result in zip(texts, each.results)]
+    if each.failure:
+        raise AssertionError(each.failure)
+    return pieces
+
+
+def expect_pieces(texts, results):
+    oracle = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    for text, pieces in zip(texts, results, strict=True):
+        expected = [piece for piece, _ in oracle.pre_tokenize_str(text)]
+        diagnoses = {k: v for k, v in pretokenize_diagnoses(text).items() if v != expected}
+        expect_tokens(pieces, expected, f"byte_level_pretokenize({text!r})",
+                      "tokenizers' ByteLevel pre-tokenizer gives that: split with GPT-2's pattern (regex.findall), "
+                      "then map every UTF-8 byte of each piece through bytes_to_unicode().", diagnoses=diagnoses)
+
+
+@probe
+def byte_level_pretokenize_words_and_spaces(seeds, fn):
+    return _pieces(fn, ascii_texts(seeds))
+
+
+@byte_level_pretokenize_words_and_spaces.judge
+def judge_byte_level_pretokenize_words_and_spaces(seeds, results):
+    expect_pieces(ascii_texts(seeds), results)
+
+
+@probe
+def byte_level_pretokenize_unicode(seeds, fn):
+    return _pieces(fn, unicode_texts(seeds))
+
+
+@byte_level_pretokenize_unicode.judge
+def judge_byte_level_pretokenize_unicode(seeds, results):
+    expect_pieces(unicode_texts(seeds), results)
+
+
+# ---- exercise 6: byte_level_decode
+def round_trip_cases(seeds):
+    """(tokens, how they were made): the course BPE's tokens of seeded texts, and one token per byte."""
+    bpe = course_byte_bpe()
+    texts = unicode_texts(seeds)[6:] + seeded_texts(seeds.generator(2301), 10, UNICODE_ATOMS)
+    table = reference_bytes_to_unicode()
+    cases = [(bpe.encode(text).tokens, "BPE") for text in texts]
+    cases += [(["".join(table[b] for b in text.encode("utf-8")) for text in texts[:6]], "pieces")]
+    return cases + [([table[b] for b in text.encode("utf-8")], "bytes") for text in texts[6:12]] + [([], "empty")]
+
+
+def cut_cases(seeds):
+    """Token lists cut inside characters, and random bytes: not all of it valid UTF-8."""
+    bpe = course_byte_bpe()
+    g = seeds.generator(2401)
+    table = reference_bytes_to_unicode()
+    cases = []
+    for text in seeded_texts(seeds.generator(2402), 25, UNICODE_ATOMS, max_atoms=8):
+        tokens = [table[b] for b in text.encode("utf-8")] if _index(g, 3) == 0 else bpe.encode(text).tokens
+        start = _index(g, len(tokens) + 1)
+        cases.append(tokens[start:start + 1 + _index(g, 4)])
+    for _ in range(10):
+        cases.append([table[int(b)] for b in torch.randint(256, (1 + _index(g, 8),), generator=g)])
+    return cases + [[table[0xF0], table[0x9F]], [table[0xC3]], [table[0xA9], "a"]]
+
+
+def decode_diagnoses(tokens):
+    inverse = {char: b for b, char in reference_bytes_to_unicode().items()}
+    return {
+        "decode all the bytes together as UTF-8, not token by token: a character's bytes can be spread over "
+        "several tokens (an emoji is 4 bytes).": "".join(reference_decode([token]) for token in tokens),
+        "decode the bytes as UTF-8 (bytes(...).decode('utf-8')): chr() of each byte, or latin-1, turns 'é' "
+        "into 'Ã©'.": "".join(chr(inverse[c]) for c in "".join(tokens)),
+        "bytes that are not valid UTF-8 become '\ufffd' (errors='replace'), not nothing (errors='ignore').":
+            reference_decode(tokens, errors="ignore"),
+        "every character of a token stands for a byte, not just 'Ġ' for the space: map each one back with the "
+        "inverse of bytes_to_unicode().": "".join(tokens).replace("Ġ", " ").replace("Ċ", "\n"),
+    }
+
+
+def _decoded(fn, cases):
+    each = _run_each(fn, [(list(tokens),) for tokens in cases], "byte_level_decode")
+    for tokens, result in zip(cases, each.results):
+        if not isinstance(result, str):
+            raise AssertionError(f"byte_level_decode({tokens!r:.80}) should return a str, not a "
+                                 f"{type(result).__name__}: {result!r:.80}")
+    if each.failure:
+        raise AssertionError(each.failure)
+    return [str.__str__(result) for result in each.results]
+
+
+def expect_decoded(cases, results, expected_texts):
+    for tokens, text, expected in zip(cases, results, expected_texts, strict=True):
+        if text == expected:
+            continue
+        for misconception, wrong in decode_diagnoses(tokens).items():
+            if text == wrong and wrong != expected:
+                raise AssertionError(f"byte_level_decode({tokens!r:.120}) returned {text!r:.80}, expected "
+                                     f"{expected!r:.80}: {misconception}")
+        raise AssertionError(f"byte_level_decode({tokens!r:.120}) returned {text!r:.80}, expected {expected!r:.80}. "
+                             "Join the tokens, map each character back to its byte, and decode the bytes as UTF-8 "
+                             "with errors='replace'.")
+
+
+@probe
+def byte_level_decode_round_trip(seeds, fn):
+    return _decoded(fn, [tokens for tokens, _ in round_trip_cases(seeds)])
+
+
+@byte_level_decode_round_trip.judge
+def judge_byte_level_decode_round_trip(seeds, results):
+    cases = round_trip_cases(seeds)
+    bpe, decoder = course_byte_bpe(), decoders.ByteLevel()
+    expected = [decoder.decode(tokens) if kind != "BPE" else bpe.decode([bpe.token_to_id(t) for t in tokens])
+                for tokens, kind in cases]
+    expect_decoded([tokens for tokens, _ in cases], results, expected)
+
+
+@probe
+def byte_level_decode_cut_characters(seeds, fn):
+    return _decoded(fn, cut_cases(seeds))
+
+
+@byte_level_decode_cut_characters.judge
+def judge_byte_level_decode_cut_characters(seeds, results):
+    cases = cut_cases(seeds)
+    decoder = decoders.ByteLevel()
+    expect_decoded(cases, results, [decoder.decode(tokens) for tokens in cases])

@@ -6,6 +6,9 @@ TRAIN = "train_bpe_answer"
 ENCODE = "bpe_encode_answer"
 WORDPIECE = "wordpiece_tokenize_answer"
 BERT = "bert_encode_batch_answer"
+TABLE = "bytes_to_unicode_answer"
+PRETOKENIZE = "byte_level_pretokenize_answer"
+DECODE = "byte_level_decode_answer"
 
 
 def train(body):
@@ -22,6 +25,45 @@ def wordpiece(body):
 
 def bert(body):
     return "def bert_encode_batch(texts, vocab):\n" + body
+
+
+def table(body):
+    return "def bytes_to_unicode():\n" + body
+
+
+def pretokenize(body):
+    return "def byte_level_pretokenize(text):\n" + body
+
+
+def decode(body):
+    return "def byte_level_decode(tokens):\n" + body
+
+
+# ---- building blocks of the byte-level exercises, recombined with one bug each
+def table_from(printable):
+    return table(f"""
+    printable = {printable}
+    moved = [b for b in range(256) if b not in printable]
+    return {{**{{b: chr(b) for b in printable}}, **{{b: chr(256 + n) for n, b in enumerate(moved)}}}}
+""")
+
+
+GPT2_PRINTABLE = '[*range(33, 127), *range(161, 173), *range(174, 256)]'
+
+
+def pretokenize_with(pieces="regex.findall(GPT2_PATTERN, text)", byte_chars="table[b] for b in piece.encode('utf-8')"):
+    return pretokenize(f"""
+    table = bytes_to_unicode()
+    return ["".join({byte_chars}) for piece in {pieces}]
+""")
+
+
+def decode_with(decoding='data.decode("utf-8", errors="replace")'):
+    return decode(f"""
+    byte_of = {{char: b for b, char in bytes_to_unicode().items()}}
+    data = bytes(byte_of[char] for char in "".join(tokens))
+    return {decoding}
+""")
 
 
 # ---- building blocks of a correct train_bpe, recombined with one bug each
@@ -344,6 +386,73 @@ def split_words(text):
 """)},
             loses=("bert_encode_batch_shapes", "bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"),
             message="flagged for review"),
+    # ---- bytes_to_unicode
+    Variant("byte_table_chr_256_plus_byte", {TABLE: table("""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    return {b: chr(b) if b in printable else chr(256 + b) for b in range(256)}
+""")}, loses=("bytes_to_unicode_matches_gpt2",), message="chr(256 + n)"),
+    Variant("byte_table_keeps_the_space", {TABLE: table_from("[*range(32, 127), *range(161, 173), *range(174, 256)]")},
+            loses=("bytes_to_unicode_printable_bijection", "bytes_to_unicode_matches_gpt2"),
+            message="the space (byte 32) becomes 'Ġ'"),
+    Variant("byte_table_keeps_the_soft_hyphen", {TABLE: table_from("[*range(33, 127), *range(161, 256)]")},
+            loses=("bytes_to_unicode_printable_bijection", "bytes_to_unicode_matches_gpt2"),
+            message="whitespace or control characters"),
+    # ---- byte_level_pretokenize
+    Variant("pretokenize_without_the_space_prefix",
+            {PRETOKENIZE: pretokenize_with(pieces='regex.findall(GPT2_PATTERN.replace(" ?", ""), text)')},
+            loses=("byte_level_pretokenize_words_and_spaces", "byte_level_pretokenize_unicode"),
+            message="the space belongs to the word after it"),
+    Variant("pretokenize_after_str_split", {PRETOKENIZE: pretokenize_with(
+        pieces='regex.findall(GPT2_PATTERN, " ".join(text.split()))')},
+            loses=("byte_level_pretokenize_words_and_spaces", "byte_level_pretokenize_unicode"),
+            message="runs of spaces, tabs and newlines must survive"),
+    Variant("pretokenize_maps_characters_not_bytes",
+            {PRETOKENIZE: pretokenize_with(byte_chars="table.get(ord(c), c) for c in piece")},
+            loses=("byte_level_pretokenize_unicode",), message="not its characters"),
+    Variant("pretokenize_without_the_byte_table", {PRETOKENIZE: pretokenize_with(byte_chars="piece")},
+            loses=("byte_level_pretokenize_words_and_spaces", "byte_level_pretokenize_unicode"),
+            message="every byte goes through bytes_to_unicode()"),
+    # Hard-coding the visible answers earns nothing: the hidden tests use other texts.
+    Variant("pretokenize_hard_coded_visible_answers", {PRETOKENIZE: pretokenize("""
+    return {"Hello world": ["Hello", "Ġworld"], "": [], "\\tTab": ["ĉ", "Tab"],
+            "It's  2026, isn't it?": ["It", "'s", "Ġ", "Ġ2026", ",", "Ġisn", "'t", "Ġit", "?"],
+            "one\\n\\ntwo  three   ": ["one", "Ċ", "Ċ", "two", "Ġ", "Ġthree", "ĠĠĠ"],
+            "café": ["cafÃ©"], "cafe\\u0301": ["cafe", "Ìģ"],
+            "パン屋が好きです。": ["ãĥĳãĥ³å±ĭãģĮå¥½ãģįãģ§ãģĻ", "ãĢĤ"],
+            "Fresh bread 🍞🥐!": ["Fresh", "Ġbread", "ĠðŁįŀðŁ¥Ĳ!"],
+            "👍🏽 costs ½ €": ["ðŁĳįðŁı½", "Ġcosts", "ĠÂ½", "ĠâĤ¬"]}.get(text, [])
+""")}, loses=("byte_level_pretokenize_words_and_spaces", "byte_level_pretokenize_unicode"), message="expected ['Ġ']"),
+    # ---- byte_level_decode
+    Variant("decode_token_by_token", {DECODE: decode("""
+    byte_of = {char: b for b, char in bytes_to_unicode().items()}
+    return "".join(bytes(byte_of[char] for char in token).decode("utf-8", errors="replace") for token in tokens)
+""")}, loses=("byte_level_decode_round_trip", "byte_level_decode_cut_characters"), message="not token by token"),
+    Variant("decode_as_latin1", {DECODE: decode_with('data.decode("latin-1")')},
+            loses=("byte_level_decode_round_trip", "byte_level_decode_cut_characters"), message="as UTF-8"),
+    Variant("decode_strict_utf8", {DECODE: decode_with('data.decode("utf-8")')},
+            loses=("byte_level_decode_cut_characters",), message="errors='replace'"),
+    Variant("decode_ignores_broken_bytes", {DECODE: decode_with('data.decode("utf-8", errors="ignore")')},
+            loses=("byte_level_decode_cut_characters",), message="errors='replace'"),
+    Variant("decode_only_replaces_the_space_marker", {DECODE: decode("""
+    return "".join(tokens).replace("Ġ", " ").replace("Ċ", "\\n")
+""")}, loses=("byte_level_decode_round_trip",), message="Map every character back to its byte"),
+    # ---- the oracles, taken by routes the watch must still see
+    Variant("byte_table_from_transformers", {TABLE: """
+from transformers.convert_slow_tokenizer import bytes_to_unicode as _gpt2_table
+
+""" + table("""
+    return _gpt2_table()
+""")}, loses=("bytes_to_unicode_printable_bijection", "bytes_to_unicode_matches_gpt2"), message="flagged for review"),
+    Variant("pretokenize_with_the_byte_level_pre_tokenizer_captured_before_the_tests", {PRETOKENIZE: """
+_pre_tokenize_str = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str   # captured now
+
+""" + pretokenize("""
+    return [piece for piece, _ in _pre_tokenize_str(text)]
+""")}, loses=("byte_level_pretokenize_words_and_spaces", "byte_level_pretokenize_unicode"),
+            message="flagged for review"),
+    Variant("decode_with_the_byte_level_decoder", {DECODE: decode("""
+    return decoders.ByteLevel().decode(list(tokens))
+""")}, loses=("byte_level_decode_round_trip", "byte_level_decode_cut_characters"), message="flagged for review"),
 ]
 
 
@@ -475,6 +584,57 @@ ALTERNATIVES = [
     pad = vocab["[PAD]"]
     return {"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
             "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])}
+""")}),
+    # bytes_to_unicode: GPT-2's own construction (openai/gpt-2, encoder.py), two parallel lists
+    Variant("byte_table_as_gpt2_builds_it", {TABLE: table("""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(2 ** 8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2 ** 8 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+""")}),
+    # bytes_to_unicode: "printable and not whitespace" picks exactly GPT-2's 188 bytes
+    Variant("byte_table_from_isprintable", {TABLE: table("""
+    table, n = {}, 0
+    for b in range(256):
+        if chr(b).isprintable() and not chr(b).isspace():
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+""")}),
+    Variant("pretokenize_finditer_and_loops", {PRETOKENIZE: pretokenize("""
+    chars = [bytes_to_unicode()[b] for b in range(256)]
+    pieces = []
+    for match in regex.finditer(GPT2_PATTERN, text):
+        piece = ""
+        for b in bytearray(match.group(), "utf-8"):
+            piece += chars[b]
+        pieces.append(piece)
+    return pieces
+""")}),
+    Variant("decode_bytearray_loop", {DECODE: decode("""
+    inverse = {}
+    for b, char in bytes_to_unicode().items():
+        inverse[char] = b
+    data = bytearray()
+    for token in tokens:
+        for char in token:
+            data.append(inverse[char])
+    return bytes(data).decode("utf-8", "replace")
+""")}),
+    # byte_level_decode as a stream, the way text is shown while a model generates it
+    Variant("decode_incrementally", {DECODE: decode("""
+    import codecs
+    inverse = {char: b for b, char in bytes_to_unicode().items()}
+    stream = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = "".join(stream.decode(bytes(inverse[char] for char in token)) for token in tokens)
+    return text + stream.decode(b"", final=True)
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
