@@ -4,8 +4,9 @@ Each has a probe (in the student's kernel: build the seeded inputs, call the stu
 what it produced) and a judge (in the grader: rebuild the same inputs, run the oracle, compare, name
 the misconception). Layered as the course's tests are: shape and format first, then values on
 seeded inputs against independent oracles (`torch.nn.functional.cross_entropy`, `BertForMaskedLM`'s
-own loss, `pipeline("fill-mask")`, all run by the judges), then behaviour (rates measured over tens
-of thousands of tokens, special tokens, generators, gradients, ordering). The models here are the
+own loss and head, `pipeline("fill-mask")`, all run by the judges), then behaviour (rates measured over
+tens of thousands of tokens, special tokens, generators, gradients, ordering, the tiny BERT rebuilt from
+courselib's MiniBert and the learner's head). The models here are the
 course's tiny BERT and small random BERTs with their special tokens moved, never the notebook's
 `model`, so the grade doesn't depend on whether bert-base-uncased was available; the random BERTs'
 weights come from the seeds, so both sides build the same ones. The seeds come from the grader's
@@ -21,7 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import call, expect_close, expect_shape, expect_tensor, probe, quiet
+from autograder.checks.common import (build, call, expect_close, expect_shape, expect_tensor, probe, quiet, run,
+                                      submodule)
 
 MASK_ID = 4  # the id of [MASK] in the synthetic problems below (ids 0-4 play the special tokens)
 # What answers an exercise outright: refused and flagged when the student's code reaches it.
@@ -703,6 +705,255 @@ def judge_top_k_accuracy_grows_with_k(seeds, data):
     if not math.isclose(float(everything), 1.0):
         raise AssertionError(f"with k = the vocabulary size every answer is among the predictions, so the "
                              f"accuracy must be 1, not {float(everything):g}.")
+
+
+# ---------------------------------------------------------------- exercise 5: MaskedLMHead
+HF_BERT = "transformers.models.bert.modeling_bert"
+# transformers' heads answer the exercise outright; courselib has no reference MLM head (only the encoder,
+# courselib.bert.MiniBert, which the exercise builds on).
+HEAD_CALLS = [f"{HF_BERT}.BertOnlyMLMHead", f"{HF_BERT}.BertLMPredictionHead",
+              f"{HF_BERT}.BertPredictionHeadTransform", f"{HF_BERT}.BertForMaskedLM"]
+HEAD_ADVICE = ("build the head yourself (dense, GELU, LayerNorm, tied decoder); transformers' BertForMaskedLM "
+               "head is what your answer is compared with, not the answer.")
+HEAD_NAMES = "dense (nn.Linear(d, d)), norm (a LayerNorm(d, eps)) and decoder (weight tied, own bias)"
+UNTIED = ("head.decoder.weight is not the embedding matrix: the decoder must be TIED to the token embeddings, "
+          "the same Parameter (self.decoder.weight = embeddings.weight), not a copy")
+# Widths (d) and vocabularies that the visible tests never use (16, 24 and 128 there).
+HEAD_CASES = [dict(stream=8801, V=37, d=20, B=2, T=5, eps=1e-12), dict(stream=8802, V=23, d=12, B=3, T=4, eps=1e-6)]
+
+
+def _head(MaskedLMHead, embedding, eps=None):
+    kwargs = {} if eps is None else {"eps": eps}
+    head = build(MaskedLMHead, embedding, name="MaskedLMHead(embeddings)", forbidden=HEAD_CALLS, advice=HEAD_ADVICE,
+                 **kwargs).double()
+    for path in ("dense", "norm", "decoder"):
+        submodule(head, path, "MaskedLMHead", HEAD_NAMES)
+    if getattr(head.decoder, "bias", None) is None:
+        raise AssertionError("head.decoder has no bias: BERT's decoder adds its own bias, one score per token "
+                             "(vocab_size,), on top of the tied weight (nn.Linear(d, vocab_size), bias=True).")
+    return head
+
+
+def head_weights(g, V, d):
+    """The seeded weights of a case: embedding E (V, d), dense, norm, decoder bias. The dense weights are
+    small, so that the LayerNorm's input has a small variance and its eps matters."""
+    return {"embedding": torch.randn(V, d, generator=g, dtype=torch.float64),
+            "dense.weight": 0.05 * torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d),
+            "dense.bias": 0.01 * torch.randn(d, generator=g, dtype=torch.float64),
+            "norm.weight": 1 + 0.3 * torch.randn(d, generator=g, dtype=torch.float64),
+            "norm.bias": 0.3 * torch.randn(d, generator=g, dtype=torch.float64),
+            "decoder.bias": torch.randn(V, generator=g, dtype=torch.float64)}
+
+
+def _load_head(head, embedding, weights):
+    """Probe side: the weights into the embedding (as loading the encoder does) and the head, by the names
+    the exercise asks for. The decoder's weight comes with the embedding, if it is tied."""
+    with torch.no_grad():
+        embedding.weight.copy_(weights["embedding"])
+        for name in ("dense.weight", "dense.bias", "norm.weight", "norm.bias", "decoder.bias"):
+            module, _, attribute = name.rpartition(".")
+            target = getattr(getattr(head, module), attribute, None)
+            if not torch.is_tensor(target) or tuple(target.shape) != tuple(weights[name].shape):
+                raise AssertionError(f"head.{name} should be a tensor of shape {tuple(weights[name].shape)}; the "
+                                     f"exercise asks for {HEAD_NAMES}.")
+            target.copy_(weights[name])
+
+
+def oracle_head(weights, eps, act="gelu", norm=True, bias=True, transform=True):
+    """Judge side: transformers' BERT MLM head (BertOnlyMLMHead) with these weights, its decoder tied to E."""
+    from torch import nn
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+    V, d = weights["embedding"].shape
+    config = BertConfig(vocab_size=V, hidden_size=d, hidden_act=act, layer_norm_eps=eps)
+    with quiet(), torch.random.fork_rng(devices=[]):
+        head = BertOnlyMLMHead(config).double().eval()
+    predictions = head.predictions
+    with torch.no_grad():
+        predictions.decoder.weight = nn.Parameter(weights["embedding"].clone())
+        predictions.transform.dense.weight.copy_(weights["dense.weight"])
+        predictions.transform.dense.bias.copy_(weights["dense.bias"])
+        predictions.transform.LayerNorm.weight.copy_(weights["norm.weight"])
+        predictions.transform.LayerNorm.bias.copy_(weights["norm.bias"])
+        predictions.decoder.bias.copy_(weights["decoder.bias"] if bias else torch.zeros_like(weights["decoder.bias"]))
+    if not norm:
+        predictions.transform.LayerNorm = nn.Identity()
+    if not transform:
+        predictions.transform = nn.Identity()
+    return head
+
+
+def head_diagnoses(weights, eps, hidden):
+    with torch.no_grad():
+        wrong = lambda **kwargs: oracle_head(weights, **{"eps": eps, **kwargs})(hidden)  # noqa: E731
+        return {
+            "your head uses the tanh approximation of GELU (approximate='tanh', GPT-2's gelu_new): BERT's head "
+            "uses the exact erf GELU, F.gelu(x).": wrong(act="gelu_new"),
+            "your head uses ReLU where BERT's uses the exact erf GELU, F.gelu(x).": wrong(act="relu"),
+            "your head's LayerNorm has eps 1e-5 (nn.LayerNorm's default): pass the eps argument on "
+            f"(BERT's is 1e-12, this test used {eps:g}).": wrong(eps=1e-5),
+            f"your head's LayerNorm ignores the eps argument ({eps:g} here) and uses 1e-12: pass eps on.":
+                wrong(eps=1e-12) if eps != 1e-12 else None,
+            "the transform LayerNorm is missing: dense, GELU, then norm, then the decoder.": wrong(norm=False),
+            "the decoder's bias is missing: BERT adds its own bias (vocab_size,) after the tied weight.":
+                wrong(bias=False),
+            "the transform (dense, GELU, LayerNorm) is missing: the decoder reads its output, not the hidden "
+            "states.": wrong(transform=False),
+        }
+
+
+def head_case(seeds, case):
+    g = seeds.generator(case["stream"])
+    weights = head_weights(g, case["V"], case["d"])
+    hidden = torch.randn(case["B"], case["T"], case["d"], generator=g, dtype=torch.float64)
+    return weights, hidden
+
+
+@probe
+def masked_lm_head_structure(seeds, MaskedLMHead):
+    """dense, norm, decoder; the decoder's weight IS the embedding matrix (tied) with its own bias; eps is
+    passed on; a backward pass sends the decoder's gradient to the embedding matrix."""
+    case = HEAD_CASES[0]
+    from torch import nn
+    embedding = nn.Embedding(case["V"], case["d"]).double()
+    head = _head(MaskedLMHead, embedding)
+    tied = head.decoder.weight is embedding.weight
+    parameters = {id(p) for p in head.parameters()}
+    weights, hidden = head_case(seeds, case)
+    _load_head(head, embedding, weights)
+    direction = torch.randn(case["B"], case["T"], case["V"], generator=seeds.generator(8803), dtype=torch.float64)
+    logits = call(head, hidden, name="MaskedLMHead.forward", forbidden=HEAD_CALLS, forbidden_advice=HEAD_ADVICE)
+    if not torch.is_tensor(logits):
+        raise AssertionError(f"MaskedLMHead.forward should return a tensor of logits, not a {type(logits).__name__}.")
+    if logits.requires_grad:
+        call(lambda: (logits * direction).sum().backward(), name="loss.backward()")
+    with torch.random.fork_rng(devices=[]):
+        other = build(MaskedLMHead, nn.Embedding(case["V"], case["d"]), name="MaskedLMHead(embeddings, eps=1e-7)",
+                      forbidden=HEAD_CALLS, advice=HEAD_ADVICE, eps=1e-7)
+    eps = getattr(getattr(other, "norm", None), "eps", None)
+    return {"tied": tied, "embedding_in_parameters": id(embedding.weight) in parameters,
+            "bias_is_parameter": isinstance(head.decoder.bias, nn.Parameter) and id(head.decoder.bias) in parameters,
+            "bias_is_weight": head.decoder.bias is embedding.weight, "shape": tuple(logits.shape),
+            "eps": float(eps) if isinstance(eps, numbers.Real) else None, "gradient": embedding.weight.grad}
+
+
+@masked_lm_head_structure.judge
+def judge_masked_lm_head_structure(seeds, data):
+    case = HEAD_CASES[0]
+    if data["tied"] is not True:
+        raise AssertionError(f"{UNTIED} (clone(), copy_() or a new nn.Parameter), which the first training step "
+                             "or loaded checkpoint leaves behind.")
+    if data["bias_is_parameter"] is not True:
+        raise AssertionError("head.decoder.bias should be a trainable nn.Parameter of the head, of shape "
+                             "(vocab_size,).")
+    if tuple(data["shape"]) != (case["B"], case["T"], case["V"]):
+        raise AssertionError(f"MaskedLMHead maps hidden states {(case['B'], case['T'], case['d'])} to logits of shape "
+                             f"{(case['B'], case['T'], case['V'])}; yours had shape {tuple(data['shape'])}.")
+    if data["eps"] is not None and not math.isclose(data["eps"], 1e-7):
+        raise AssertionError(f"MaskedLMHead(embeddings, eps=1e-7).norm.eps is {data['eps']:g}: pass the eps argument "
+                             "on to the LayerNorm.")
+    weights, hidden = head_case(seeds, case)
+    oracle = oracle_head(weights, case["eps"])
+    direction = torch.randn(case["B"], case["T"], case["V"], generator=seeds.generator(8803), dtype=torch.float64)
+    (oracle(hidden) * direction).sum().backward()
+    if data["gradient"] is None:
+        raise AssertionError(f"after loss.backward() the embedding matrix has no gradient: {UNTIED}.")
+    expect_close(data["gradient"], oracle.predictions.decoder.weight.grad, "the embedding matrix's gradient",
+                 "With the decoder tied, the loss's gradient with respect to the decoder's weight is the embedding "
+                 "matrix's gradient.", rtol=1e-7, atol=1e-9)
+
+
+@probe
+def masked_lm_head_values(seeds, MaskedLMHead):
+    """Logits against transformers' BertOnlyMLMHead (float64) with seeded weights, loaded after the head is
+    built (as a checkpoint is), on sizes and an eps the visible tests don't use."""
+    from torch import nn
+    results = []
+    for case in HEAD_CASES:
+        embedding = nn.Embedding(case["V"], case["d"]).double()
+        head = _head(MaskedLMHead, embedding, eps=case["eps"])
+        weights, hidden = head_case(seeds, case)
+        _load_head(head, embedding, weights)
+        results.append(run(head, hidden, name="MaskedLMHead.forward", forbidden=HEAD_CALLS, advice=HEAD_ADVICE))
+    return results
+
+
+@masked_lm_head_values.judge
+def judge_masked_lm_head_values(seeds, results):
+    for case, logits in zip(HEAD_CASES, results):
+        weights, hidden = head_case(seeds, case)
+        with torch.no_grad():
+            expected = oracle_head(weights, case["eps"])(hidden)
+        diagnoses = {m: v for m, v in head_diagnoses(weights, case["eps"], hidden).items() if v is not None}
+        expect_close(logits, expected, f"the logits (vocabulary {case['V']}, d={case['d']}, eps={case['eps']:g})",
+                     "dense, exact GELU, LayerNorm(d, eps), then the decoder: hidden @ E.T + bias, with E the tied "
+                     "embedding matrix. (The weights were loaded after your head was built: a decoder that copied "
+                     "the embedding matrix keeps the old one.)", diagnoses=diagnoses, rtol=1e-9, atol=1e-9)
+
+
+def tiny_head_case(seeds):
+    """Sentences from the tiny BERT's corpus, one ordinary token of each replaced by [MASK]."""
+    from courselib.tiny_bert import corpus
+    _, tokenizer = tiny_bert()
+    batch = tokenizer(corpus(3, seed=seeds.seed(8811)), padding=True, return_tensors="pt")
+    g = seeds.generator(8812)
+    positions = []
+    for row, mask in enumerate(batch["attention_mask"]):
+        pieces = tokenizer.convert_ids_to_tokens(batch["input_ids"][row][:int(mask.sum())])
+        # whole words only (not [CLS], the full stop or [SEP]), so that the decoded text tokenizes back alike
+        words = [i for i in range(1, len(pieces) - 2)
+                 if not pieces[i].startswith("##") and not pieces[i + 1].startswith("##")]
+        position = words[int(torch.randint(len(words), (), generator=g))]
+        batch["input_ids"][row, position] = tokenizer.mask_token_id
+        positions.append(position)
+    return batch, positions
+
+
+@probe
+def masked_lm_head_tiny_bert(seeds, MaskedLMHead):
+    """The tiny BERT loaded into courselib's MiniBert and your head: BertForMaskedLM's logits (float32,
+    1e-4) and pipeline('fill-mask')'s top 5 at each [MASK]."""
+    from courselib.bert import load_hf_bert_weights, minibert_like
+    model, _ = tiny_bert()
+    batch, positions = tiny_head_case(seeds)
+    with torch.random.fork_rng(devices=[]):
+        encoder = minibert_like(model.config).eval()
+    head = build(MaskedLMHead, encoder.token_embeddings, name="MaskedLMHead(encoder.token_embeddings)",
+                 forbidden=HEAD_CALLS, advice=HEAD_ADVICE)
+    for path in ("dense", "norm", "decoder"):
+        submodule(head, path, "MaskedLMHead", HEAD_NAMES)
+    load_hf_bert_weights(encoder, model)  # the encoder, embeddings included: a tied decoder follows
+    predictions = model.cls.predictions
+    with torch.no_grad():
+        head.dense.weight.copy_(predictions.transform.dense.weight)
+        head.dense.bias.copy_(predictions.transform.dense.bias)
+        head.norm.weight.copy_(predictions.transform.LayerNorm.weight)
+        head.norm.bias.copy_(predictions.transform.LayerNorm.bias)
+        head.decoder.bias.copy_(predictions.bias)
+        hidden = encoder(batch["input_ids"], batch["attention_mask"])
+    logits = run(head, hidden, name="MaskedLMHead.forward", forbidden=HEAD_CALLS, advice=HEAD_ADVICE)
+    return logits[torch.arange(len(positions)), torch.tensor(positions)]  # (3, V), at the masks
+
+
+@masked_lm_head_tiny_bert.judge
+def judge_masked_lm_head_tiny_bert(seeds, logits):
+    model, tokenizer = tiny_bert()
+    batch, positions = tiny_head_case(seeds)
+    with torch.no_grad(), quiet():
+        expected = model(**batch).logits[torch.arange(len(positions)), torch.tensor(positions)]
+    expect_close(logits, expected, "the tiny BERT's logits at [MASK] (courselib's MiniBert + your head)",
+                 "With the tiny BERT's weights, MiniBert + MaskedLMHead must be BertForMaskedLM: if only these "
+                 "fail, does your decoder read the embedding matrix loaded into the encoder (tied)?",
+                 rtol=0, atol=1e-4)
+    unmask = fill_mask_pipeline(model, tokenizer)
+    for row, position in enumerate(positions):
+        text = tokenizer.decode(batch["input_ids"][row][batch["attention_mask"][row].bool()][1:-1])
+        with torch.no_grad(), quiet():
+            theirs = [p["token"] for p in unmask(text, top_k=5)]
+        ours = logits[row].double().softmax(-1).topk(5).indices.tolist()
+        if ours != theirs:
+            raise AssertionError(f"for {text!r} your model's top 5 are {ours}, pipeline('fill-mask')'s {theirs}.")
 
 
 # ---------------------------------------------------------------- warming up the judges

@@ -47,7 +47,10 @@ ENCODER_LAYER_SHORTCUTS = ["torch.nn.TransformerEncoderLayer", "torch._transform
 ENCODER_LAYER_ADVICE = ("assemble the layer from self_attn, ffn, norm1 and norm2 yourself; torch's "
                         "TransformerEncoderLayer is the oracle here, not the answer.")
 MINIBERT_SHORTCUTS = [f"{HF_BERT}.BertModel", f"{HF_BERT}.BertEmbeddings", f"{HF_BERT}.BertEncoder",
-                      f"{__name__}.ReferenceMiniBert"]
+                      "courselib.bert.MiniBert", f"{__name__}.ReferenceMiniBert"]
+LOADER_SHORTCUTS = ["courselib.bert.load_hf_bert_weights", "courselib.bert.hf_names"]
+LOADER_ADVICE = ("copy each tensor yourself; courselib.bert's loader (08 imports it) is the course's reference "
+                 "answer, not yours.")
 MINIBERT_ADVICE = ("build the embeddings and run your stack of layers yourself; transformers' BertModel is "
                    "the oracle here, not the answer.")
 
@@ -875,7 +878,8 @@ def judge_minibert_padding_mask(seeds, data):
 
 # ---------------------------------------------------------------- exercise 5: load_hf_bert_weights
 def _load(load_hf_bert_weights, model, hf):
-    result = call(lambda: load_hf_bert_weights(model, hf), name="load_hf_bert_weights")
+    result = call(lambda: load_hf_bert_weights(model, hf), name="load_hf_bert_weights", forbidden=LOADER_SHORTCUTS,
+                  forbidden_advice=LOADER_ADVICE)
     if result is not None and result is not model:
         raise AssertionError("load_hf_bert_weights should copy into `model` (and may return it), but it "
                              "returned a different object.")

@@ -1,5 +1,6 @@
-"""courselib's reference blocks (courselib/blocks.py) are drop-in equivalents of what learners write in
-02, 03 and 07, proven against PyTorch, and interchangeable with the references 07's hidden tests use."""
+"""courselib's reference blocks (courselib/blocks.py) and MiniBert (courselib/bert.py) are drop-in equivalents
+of what learners write in 02, 03 and 07, proven against PyTorch and transformers' BertModel, and interchangeable
+with the references 07's hidden tests use."""
 import math
 
 import pytest
@@ -168,3 +169,68 @@ def test_blocks_are_interchangeable_with_the_hidden_tests_references():
         x = torch.randn(*shape, generator=seeded(100 + seed), dtype=torch.float64)
         with torch.no_grad():
             torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- 07: MiniBert (courselib/bert.py)
+def small_bert_config(**overrides):
+    from transformers import BertConfig
+    settings = dict(vocab_size=40, hidden_size=12, num_hidden_layers=3, num_attention_heads=3, intermediate_size=20,
+                    max_position_embeddings=16, type_vocab_size=3, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return BertConfig(**{**settings, **overrides})
+
+
+def test_minibert_matches_transformers_bert_model():
+    """Loaded from a random BertModel (random LayerNorms too), the same last hidden states in float64,
+    on a padded batch of sentence pairs, padding positions included."""
+    from transformers import BertModel
+
+    from courselib import bert
+    torch.manual_seed(0)
+    theirs = randomize(BertModel(small_bert_config(), add_pooling_layer=False).double(), 9).eval()
+    ours = bert.load_hf_bert_weights(bert.minibert_like(theirs.config).double(), theirs).eval()
+    g = seeded(10)
+    ids = torch.randint(1, 40, (3, 11), generator=g)
+    segments = torch.randint(0, 3, (3, 11), generator=g)
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:], mask[2, 4:] = 0, 0
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask, token_type_ids=segments).last_hidden_state
+        torch.testing.assert_close(ours(ids, mask, segments), expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(ours(ids), theirs(ids).last_hidden_state, rtol=0, atol=1e-12)
+
+
+def test_minibert_loads_a_masked_lm_or_its_state_dict_and_refuses_other_sizes():
+    from transformers import BertForMaskedLM
+
+    from courselib import bert
+    torch.manual_seed(1)
+    mlm = randomize(BertForMaskedLM(small_bert_config(num_hidden_layers=2)).double(), 11).eval()
+    ids = torch.randint(0, 40, (2, 9), generator=seeded(12))
+    with torch.no_grad():
+        expected = mlm.bert(ids).last_hidden_state
+        for source in (mlm, mlm.state_dict(), mlm.bert.state_dict()):
+            ours = bert.load_hf_bert_weights(bert.minibert_like(mlm.config).double(), source).eval()
+            torch.testing.assert_close(ours(ids), expected, rtol=0, atol=1e-12)
+    for wrong in (small_bert_config(num_hidden_layers=3), small_bert_config(num_hidden_layers=1),
+                  small_bert_config(num_hidden_layers=2, max_position_embeddings=20)):
+        with pytest.raises(ValueError):
+            bert.load_hf_bert_weights(bert.minibert_like(wrong), mlm)
+    with pytest.raises(ValueError):
+        bert.minibert_like(small_bert_config(hidden_act="gelu_new"))
+
+
+def test_minibert_is_interchangeable_with_notebook_07s_reference():
+    """Same parameter names as the MiniBert notebook 07 teaches (its hidden tests' reference), same numbers."""
+    from autograder.checks import encoder
+
+    from courselib import bert
+    reference = randomize(encoder.ReferenceMiniBert(30, 8, 2, 2, 12, 10, 2).double(), 13).eval()
+    ours = bert.MiniBert(30, 8, 2, 2, 12, 10, 2).double().eval()
+    assert list(ours.state_dict()) == list(reference.state_dict())
+    ours.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 30, (2, 7), generator=seeded(14))
+    segments = torch.randint(0, 2, (2, 7), generator=seeded(15))
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask, segments), reference(ids, mask, segments), rtol=0, atol=1e-12)

@@ -376,3 +376,138 @@ ALTERNATIVES = [
                for text, answer in examples) / len(examples)
 """)}),
 ]
+
+# ---------------------------------------------------------------- exercise 4: MaskedLMHead
+HEAD = "masked_lm_head_answer"
+
+HEAD_INIT = """
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = LayerNorm(d_model, eps)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = embeddings.weight
+"""
+HEAD_FORWARD = """
+        return self.decoder(self.norm(F.gelu(self.dense(hidden))))
+"""
+
+
+def masked_lm_head(init=HEAD_INIT, forward=HEAD_FORWARD, before=""):
+    return (before + "class MaskedLMHead(nn.Module):\n"
+            "    def __init__(self, embeddings, eps=1e-12):\n"
+            "        super().__init__()\n"
+            "        vocab_size, d_model = embeddings.weight.shape\n" + init
+            + "\n    def forward(self, hidden):\n" + forward)
+
+
+HEAD_TESTS = ("masked_lm_head_structure", "masked_lm_head_values", "masked_lm_head_tiny_bert")
+
+MUTANTS += [
+    # A copy of the embedding matrix: the same numbers when built, then the encoder is loaded or trained.
+    Variant("head_decoder_a_copy_not_tied", {HEAD: masked_lm_head(HEAD_INIT.replace(
+        "self.decoder.weight = embeddings.weight",
+        "self.decoder.weight = nn.Parameter(embeddings.weight.detach().clone())"))},
+        loses=HEAD_TESTS, message="TIED"),
+    Variant("head_decoder_copies_into_its_own_weight", {HEAD: masked_lm_head(HEAD_INIT.replace(
+        "self.decoder.weight = embeddings.weight", "self.decoder.weight.data.copy_(embeddings.weight)"))},
+        loses=HEAD_TESTS, message="TIED"),
+    Variant("head_decoder_without_bias", {HEAD: masked_lm_head(HEAD_INIT.replace(
+        "nn.Linear(d_model, vocab_size)", "nn.Linear(d_model, vocab_size, bias=False)"))},
+        loses=HEAD_TESTS, message="has no bias"),
+    Variant("head_decoder_bias_not_added", {HEAD: masked_lm_head(forward="""
+        return F.linear(self.norm(F.gelu(self.dense(hidden))), self.decoder.weight)
+""")}, loses=("masked_lm_head_values", "masked_lm_head_tiny_bert"), message="bias is missing"),
+    Variant("head_without_layer_norm", {HEAD: masked_lm_head(forward="""
+        return self.decoder(F.gelu(self.dense(hidden)))
+""")}, loses=("masked_lm_head_values", "masked_lm_head_tiny_bert"), message="LayerNorm is missing"),
+    Variant("head_without_transform", {HEAD: masked_lm_head(forward="""
+        return self.decoder(hidden)
+""")}, loses=("masked_lm_head_values", "masked_lm_head_tiny_bert"), message="transform"),
+    Variant("head_relu", {HEAD: masked_lm_head(forward="""
+        return self.decoder(self.norm(F.relu(self.dense(hidden))))
+""")}, loses=("masked_lm_head_values", "masked_lm_head_tiny_bert"), message="ReLU"),
+    Variant("head_tanh_gelu", {HEAD: masked_lm_head(forward="""
+        return self.decoder(self.norm(F.gelu(self.dense(hidden), approximate="tanh")))
+""")}, loses=("masked_lm_head_values", "masked_lm_head_tiny_bert"), message="tanh"),
+    Variant("head_torch_layer_norm_default_eps", {HEAD: masked_lm_head(HEAD_INIT.replace(
+        "LayerNorm(d_model, eps)", "nn.LayerNorm(d_model)"))},
+        loses=("masked_lm_head_structure", "masked_lm_head_values"), message="1e-12"),
+    Variant("head_layer_norm_eps_1e-5_in_forward", {HEAD: masked_lm_head(forward="""
+        x = F.gelu(self.dense(hidden))
+        return self.decoder(F.layer_norm(x, x.shape[-1:], self.norm.weight, self.norm.bias, eps=1e-5))
+""")}, loses=("masked_lm_head_values",), message="eps 1e-5"),
+    Variant("head_ignores_the_eps_argument", {HEAD: masked_lm_head(HEAD_INIT.replace(
+        "LayerNorm(d_model, eps)", "LayerNorm(d_model)"))},
+        loses=("masked_lm_head_structure", "masked_lm_head_values"), message="pass the eps argument on"),
+    # Right on exactly the widths the visible tests use (16, 24 and the tiny BERT's 128), tanh-GELU elsewhere.
+    Variant("head_hard_coded_visible_widths", {HEAD: masked_lm_head(forward="""
+        exact = hidden.shape[-1] in (16, 24, 128)
+        return self.decoder(self.norm(F.gelu(self.dense(hidden), approximate="none" if exact else "tanh")))
+""")}, loses=("masked_lm_head_values", "masked_lm_head_structure"), message="tanh"),
+    # transformers' own transform inside: right numbers, but flagged.
+    Variant("head_uses_transformers_transform", {HEAD: masked_lm_head("""
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
+        self.transform = BertPredictionHeadTransform(BertConfig(hidden_size=d_model, layer_norm_eps=eps))
+        self.dense, self.norm = self.transform.dense, self.transform.LayerNorm
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = embeddings.weight
+""", """
+        return self.decoder(self.transform(hidden))
+""")}, loses=HEAD_TESTS, message="flagged for review"),
+]
+
+ALTERNATIVES += [
+    # No nn.Linear for the decoder: a small module that reads the embedding's weight and applies F.linear.
+    Variant("head_f_linear_with_the_embedding_weight", {HEAD: masked_lm_head("""
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.decoder = TiedDecoder(embeddings)
+""", """
+        return self.decoder(self.norm(F.gelu(self.dense(hidden), approximate="none")))
+""", before='''
+class TiedDecoder(nn.Module):
+    """x @ E.T + bias, E the embedding matrix itself."""
+
+    def __init__(self, embeddings):
+        super().__init__()
+        self.embeddings = embeddings
+        self.bias = nn.Parameter(torch.zeros(embeddings.num_embeddings))
+
+    @property
+    def weight(self):
+        return self.embeddings.weight
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+''')}),
+    # nn.Linear whose weight is assigned the embedding's Parameter, the maths written out by hand.
+    Variant("head_by_hand_erf_and_layer_norm", {HEAD: masked_lm_head("""
+        self.eps = eps
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(d_model))
+        self.norm.bias = nn.Parameter(torch.zeros(d_model))
+        self.norm.eps = eps
+        self.decoder = nn.Linear(d_model, vocab_size)
+        del self.decoder.weight
+        self.decoder.weight = embeddings.weight
+""", """
+        x = self.dense(hidden)
+        x = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+        x = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + self.eps)
+        x = x * self.norm.weight + self.norm.bias
+        return x @ self.decoder.weight.T + self.decoder.bias
+""")}),
+    Variant("head_gelu_module_in_a_sequential", {HEAD: masked_lm_head("""
+        self.dense = nn.Linear(d_model, d_model)
+        self.activation = nn.GELU()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = embeddings.weight
+        self.transform = nn.Sequential(self.dense, self.activation, self.norm)
+""", """
+        return self.decoder(self.transform(hidden))
+""")}),
+]

@@ -345,6 +345,12 @@ class LayerNorm(nn.Module):
         "model.position_embeddings.weight.copy_(e.position_embeddings.weight)",
         "model.position_embeddings.weight.data = e.position_embeddings.weight.data.clone()"))},
             loses=("load_hf_any_size",), message="without complaint"),
+    # 08's reference MiniBert and loader (courselib.bert) taken for 07's answers: flagged, 0.
+    Variant("minibert_is_the_course_reference", {BERT: "from courselib.bert import MiniBert\n"},
+            loses=("minibert_embeddings", "minibert_padding_mask", "minibert_matches_hf_bert", "minibert_structure"),
+            message="used the course's reference courselib.bert.MiniBert"),
+    Variant("load_is_the_course_reference", {LOAD: "from courselib.bert import load_hf_bert_weights\n"},
+            loses=("load_hf_parity", "load_hf_any_size"), message="flagged for review"),
     # ---- SequenceClassifier
     Variant("classifier_mean_pools", {HEAD: head('''
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)

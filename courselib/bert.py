@@ -1,0 +1,117 @@
+"""The reference MiniBert: notebook 07's BERT encoder, built from `courselib.blocks`, and its loader.
+
+Notebook 07 teaches it; later notebooks import it (08 puts a masked-LM head on it). Same constructor,
+submodule and parameter names as 07's `MiniBert`, so a state dict of one loads into the other:
+
+| `MiniBert` | Hugging Face `BertModel` (inside `BertForMaskedLM`: `bert.` in front) |
+| --- | --- |
+| `token_embeddings` | `embeddings.word_embeddings` |
+| `position_embeddings` | `embeddings.position_embeddings` |
+| `segment_embeddings` | `embeddings.token_type_embeddings` |
+| `embedding_norm` | `embeddings.LayerNorm` |
+| `layers[i].self_attn.q_proj`, `k_proj`, `v_proj` | `encoder.layer[i].attention.self.query`, `key`, `value` |
+| `layers[i].self_attn.out_proj` | `encoder.layer[i].attention.output.dense` |
+| `layers[i].norm1` | `encoder.layer[i].attention.output.LayerNorm` |
+| `layers[i].ffn.linear1`, `linear2` | `encoder.layer[i].intermediate.dense`, `output.dense` |
+| `layers[i].norm2` | `encoder.layer[i].output.LayerNorm` |
+
+    model = minibert_like(hf_bert.config)          # the sizes of any BertConfig
+    load_hf_bert_weights(model, hf_bert)           # a BertModel, a BertForMaskedLM, or a state dict
+
+autograder/tests/test_courselib.py proves parity with `transformers.BertModel` (float64, eager attention).
+"""
+import torch
+from torch import nn
+
+from courselib.attention import padding_mask
+from courselib.blocks import EncoderLayer, LayerNorm
+
+
+class MiniBert(nn.Module):
+    """BERT's encoder: token + position + segment embeddings, LayerNorm, dropout, then post-LN layers.
+
+    forward(input_ids, attention_mask=None, token_type_ids=None): (B, T) integer tensors, attention_mask
+    1 for real tokens and 0 for padding. Returns the last hidden states (B, T, d_model).
+    """
+
+    def __init__(self, vocab_size, d_model, num_layers, num_heads, d_ff, max_positions, type_vocab_size=2,
+                 dropout=0.1, eps=1e-12):
+        super().__init__()
+        self.d_model = d_model
+        self.token_embeddings = nn.Embedding(vocab_size, d_model)
+        self.position_embeddings = nn.Embedding(max_positions, d_model)   # learned, row t for position t
+        self.segment_embeddings = nn.Embedding(type_vocab_size, d_model)  # sentence A / B
+        self.embedding_norm = LayerNorm(d_model, eps)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first=False, eps=eps)
+                                    for _ in range(num_layers))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)                              # one segment
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)        # (T,), from 0
+        x = (self.token_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.segment_embeddings(token_type_ids))                              # (B, T, d_model)
+        x = self.dropout(self.embedding_norm(x))
+        mask = None if attention_mask is None else padding_mask(attention_mask, 0)   # (B, 1, 1, T)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+def minibert_like(config):
+    """A MiniBert with the sizes of a transformers BertConfig (absolute positions, exact GELU)."""
+    if config.hidden_act != "gelu" or getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError("MiniBert implements BERT's exact GELU and absolute (learned) positions only")
+    return MiniBert(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                    config.intermediate_size, config.max_position_embeddings, config.type_vocab_size,
+                    dropout=config.hidden_dropout_prob, eps=config.layer_norm_eps)
+
+
+def hf_names(num_layers):
+    """{MiniBert parameter name: BertModel parameter name}, the table above."""
+    names = {"token_embeddings.weight": "embeddings.word_embeddings.weight",
+             "position_embeddings.weight": "embeddings.position_embeddings.weight",
+             "segment_embeddings.weight": "embeddings.token_type_embeddings.weight"}
+    pairs = {"embedding_norm": "embeddings.LayerNorm"}
+    for i in range(num_layers):
+        ours, theirs = f"layers.{i}.", f"encoder.layer.{i}."
+        pairs.update({f"{ours}self_attn.q_proj": f"{theirs}attention.self.query",
+                      f"{ours}self_attn.k_proj": f"{theirs}attention.self.key",
+                      f"{ours}self_attn.v_proj": f"{theirs}attention.self.value",
+                      f"{ours}self_attn.out_proj": f"{theirs}attention.output.dense",
+                      f"{ours}norm1": f"{theirs}attention.output.LayerNorm",
+                      f"{ours}ffn.linear1": f"{theirs}intermediate.dense",
+                      f"{ours}ffn.linear2": f"{theirs}output.dense",
+                      f"{ours}norm2": f"{theirs}output.LayerNorm"})
+    for ours, theirs in pairs.items():  # nn.Linear is (out, in) in both models: no transpose
+        names[f"{ours}.weight"], names[f"{ours}.bias"] = f"{theirs}.weight", f"{theirs}.bias"
+    return names
+
+
+def load_hf_bert_weights(model, hf_bert):
+    """Copy a Hugging Face BERT's encoder weights into a MiniBert of the same size, in place; returns model.
+
+    hf_bert: a BertModel, a BertForMaskedLM (or any model that keeps its BertModel in `.bert`), or the
+    state dict of one. The pooler and any head are not MiniBert's and are left out. A missing tensor or
+    one of another shape raises ValueError.
+    """
+    state = hf_bert.state_dict() if isinstance(hf_bert, nn.Module) else dict(hf_bert)
+    if not any(key.startswith("embeddings.") for key in state):  # BertForMaskedLM & co.: "bert." in front
+        state = {key[len("bert."):]: value for key, value in state.items() if key.startswith("bert.")}
+    ours = model.state_dict()
+    with torch.no_grad():
+        for name, theirs in hf_names(len(model.layers)).items():
+            if theirs not in state:
+                raise ValueError(f"the Hugging Face weights have no {theirs} (for MiniBert's {name})")
+            if tuple(state[theirs].shape) != tuple(ours[name].shape):
+                raise ValueError(f"{theirs} has shape {tuple(state[theirs].shape)}, MiniBert's {name} "
+                                 f"{tuple(ours[name].shape)}: build the MiniBert with minibert_like(config)")
+            ours[name].copy_(state[theirs])
+    depth = len({key.split(".")[2] for key in state if key.startswith("encoder.layer.")})
+    if depth != len(model.layers):
+        raise ValueError(f"the Hugging Face model has {depth} layers, this MiniBert {len(model.layers)}")
+    return model
+
+
+__all__ = ["MiniBert", "hf_names", "load_hf_bert_weights", "minibert_like"]
