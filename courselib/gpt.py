@@ -397,7 +397,7 @@ def load_gpt2_weights(model, hf):
     """Copy a transformers GPT2LMHeadModel (or GPT2Model) into a GPT of the same size, in place; returns model.
 
     GPT-2's Conv1D layers store their weight as (in_features, out_features), the transpose of
-    nn.Linear's, and c_attn holds W_q, W_k and W_v side by side: (d, 3d).
+    nn.Linear's, and c_attn holds W_Q, W_K and W_V side by side: (d, 3d).
     """
     with torch.no_grad():
         for ours, theirs, transpose in _gpt2_pairs(model, hf):
@@ -408,7 +408,7 @@ def load_gpt2_weights(model, hf):
             attn = ours.self_attn
             for linear, weight, bias in zip((attn.q_proj, attn.k_proj, attn.v_proj),
                                             theirs.attn.c_attn.weight.T.chunk(3), theirs.attn.c_attn.bias.chunk(3)):
-                linear.weight.copy_(weight)   # (d, d) each: rows 0..d-1 of c_attn.weight.T are W_q
+                linear.weight.copy_(weight)   # (d, d) each: rows 0..d-1 of c_attn.weight.T are W_Q
                 linear.bias.copy_(bias)
         return model
 

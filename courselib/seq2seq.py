@@ -235,7 +235,7 @@ class EncoderDecoder(nn.Module):
 
 def torch_layer_state(layer, decoder):
     """One of our EncoderLayers or DecoderLayers as a torch.nn.Transformer(En|De)coderLayer state dict:
-    torch stacks W_q, W_k, W_v into one (3 d, d) `in_proj_weight`, and calls cross-attention `multihead_attn`."""
+    torch stacks W_Q, W_K, W_V into one (3 d, d) `in_proj_weight`, and calls cross-attention `multihead_attn`."""
     state = {}
     attentions = [("self_attn", "self_attn")] + ([("cross_attn", "multihead_attn")] if decoder else [])
     for ours, theirs in attentions:

@@ -449,7 +449,7 @@ def _run_layer(layer, *args):
 
 
 def torch_layer_from(weights, d_model, num_heads, d_ff, norm_first):
-    """torch.nn.TransformerEncoderLayer holding the check's weights (in_proj stacks W_q, W_k, W_v)."""
+    """torch.nn.TransformerEncoderLayer holding the check's weights (in_proj stacks W_Q, W_K, W_V)."""
     theirs = nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=0.0, activation="gelu",
                                         batch_first=True, norm_first=norm_first, layer_norm_eps=1e-12).double()
     w = lambda name: weights[f"self_attn.{name}"]  # noqa: E731

@@ -6,7 +6,7 @@ judge runs in the grader: it rebuilds the same inputs and weights from the same 
 independent oracles:
 - `torch.nn.TransformerDecoderLayer` (post-LN and pre-LN, padding masks on both sides) and
   `torch.nn.Transformer` (encoder, decoder and their final LayerNorms), holding the check's weights in
-  torch's layout (`in_proj_weight` stacks W_q, W_k, W_v);
+  torch's layout (`in_proj_weight` stacks W_Q, W_K, W_V);
 - `torch.nn.functional.cross_entropy(ignore_index=...)` for the teacher-forced loss;
 - for decoding, stand-in models whose next-token scores are a known function of the prefix
   (`ScriptedModel`): the judge decodes them with its own plain-Python greedy search, beam search and an

@@ -93,7 +93,7 @@ def gpt_state(g, vocab_size, d_model, num_layers, num_heads, max_positions, d_ff
 
 
 def hf_block_state(state, prefix=""):
-    """One block's weights in GPT-2's layout: Conv1D weights are (in, out), c_attn is [W_q W_k W_v]."""
+    """One block's weights in GPT-2's layout: Conv1D weights are (in, out), c_attn is [W_Q W_K W_V]."""
     def get(name):
         return state[prefix + name]
 
@@ -784,7 +784,7 @@ def describe_mismatch(name, ours, state):
                 "out_features), nn.Linear (out_features, in_features), so copy conv.weight.T. (The matrix is square, "
                 "so copy_ raised no error.)")
     if name.startswith("blocks.") and ".self_attn." in name:
-        return (f"model.{name} is wrong: c_attn.weight is (d, 3d) with W_q, W_k, W_v side by side; transpose it to "
+        return (f"model.{name} is wrong: c_attn.weight is (d, 3d) with W_Q, W_K, W_V side by side; transpose it to "
                 "(3d, d) and chunk(3) gives q, k, v in that order (c_attn.bias splits the same way).")
     return f"model.{name} was not copied from GPT-2 (see the table of names)."
 

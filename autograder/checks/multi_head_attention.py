@@ -266,7 +266,7 @@ def _load(module, weights):
 
 
 def _torch_twin(weights, num_heads):
-    """Judge side: torch.nn.MultiheadAttention holding the check's weights: in_proj stacks W_q, W_k, W_v."""
+    """Judge side: torch.nn.MultiheadAttention holding the check's weights: in_proj stacks W_Q, W_K, W_V."""
     d_model = weights["q_proj"][0].shape[0]
     bias = weights["q_proj"][1] is not None
     twin = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=DTYPE)
@@ -545,8 +545,8 @@ def _copy_misconceptions(module_seed, seeds, d_model, num_heads, torch_mha, quer
             if order != (0, 1, 2):
                 module = _load_wrongly(fresh(), torch_mha, order=order)
                 loaded = ", ".join(f"{names[i]}_proj ← the {names[j].upper()} block" for i, j in enumerate(order))
-                wrong[f"in_proj_weight is split in the wrong q/k/v order ({loaded}). Its rows stack W_q (rows "
-                      "0…d−1), then W_k (d…2d−1), then W_v (2d…3d−1)."] = module(query, key, value)[0]
+                wrong[f"in_proj_weight is split in the wrong q/k/v order ({loaded}). Its rows stack W_Q (rows "
+                      "0…d−1), then W_K (d…2d−1), then W_V (2d…3d−1)."] = module(query, key, value)[0]
         cases = [
             ("you transposed the weights: nn.Linear.weight and in_proj_weight are both stored as (out_features, "
              "in_features), so copy each block as it is.", {"transpose": True}),
@@ -605,7 +605,7 @@ def judge_copy_from_torch_values(seeds, results):
         expected_output, expected_weights = _torch_attention(torch_mha, query, key, value)
         label = f"after copy_from_torch (d_model={d_model}, h={num_heads}; query, key and value all different)"
         expect_close(output, expected_output, f"the output {label}", diagnoses=wrong, rtol=0, atol=1e-6,
-                     hint="in_proj_weight is (3·d_model, d_model): W_q, W_k, W_v stacked by rows.")
+                     hint="in_proj_weight is (3·d_model, d_model): W_Q, W_K, W_V stacked by rows.")
         expect_close(weights, expected_weights, f"the weight tensor {label}", rtol=0, atol=1e-6)
 
 

@@ -95,7 +95,7 @@ def test_layer_norm_of_a_constant_row_is_finite():
 
 # ---------------------------------------------------------------- 07: EncoderLayer
 def torch_layer_holding(ours, d_model, num_heads, d_ff, norm_first, eps):
-    """nn.TransformerEncoderLayer with our layer's weights (its in_proj stacks W_q, W_k, W_v)."""
+    """nn.TransformerEncoderLayer with our layer's weights (its in_proj stacks W_Q, W_K, W_V)."""
     theirs = nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=0.0, activation="gelu", batch_first=True,
                                         norm_first=norm_first, layer_norm_eps=eps).double()
     attn = ours.self_attn

@@ -185,10 +185,10 @@ _course_forward = _CourseMultiHeadAttention.forward
     # ---- copy_from_torch
     Variant("copy_in_proj_in_k_q_v_order", {COPY: copy(COPY_BODY.replace(
         "(mha.q_proj, mha.k_proj, mha.v_proj)", "(mha.k_proj, mha.q_proj, mha.v_proj)"))},
-        loses=("copy_from_torch_values",), message="W_q, then W_k, then W_v"),
+        loses=("copy_from_torch_values",), message="W_Q, then W_K, then W_V"),
     Variant("copy_in_proj_in_q_v_k_order", {COPY: copy(COPY_BODY.replace(
         "(mha.q_proj, mha.k_proj, mha.v_proj)", "(mha.q_proj, mha.v_proj, mha.k_proj)"))},
-        loses=("copy_from_torch_values",), message="W_q, then W_k, then W_v"),
+        loses=("copy_from_torch_values",), message="W_Q, then W_K, then W_V"),
     Variant("copy_transposes_weights", {COPY: copy(COPY_BODY.replace(
         "linear.weight.copy_(torch_mha.in_proj_weight[i * d:(i + 1) * d])",
         "linear.weight.copy_(torch_mha.in_proj_weight[i * d:(i + 1) * d].T)").replace(
@@ -207,10 +207,10 @@ _course_forward = _CourseMultiHeadAttention.forward
     return mha
 """)}, loses=("copy_from_torch_values",), message="in_proj_bias is split the same way"),
     Variant("copy_assumes_biases_exist", {COPY: copy("""
-    W_q, W_k, W_v = torch_mha.in_proj_weight.chunk(3)
+    W_Q, W_K, W_V = torch_mha.in_proj_weight.chunk(3)
     b_q, b_k, b_v = torch_mha.in_proj_bias.chunk(3)
     with torch.no_grad():
-        for linear, weight, bias in [(mha.q_proj, W_q, b_q), (mha.k_proj, W_k, b_k), (mha.v_proj, W_v, b_v)]:
+        for linear, weight, bias in [(mha.q_proj, W_Q, b_q), (mha.k_proj, W_K, b_k), (mha.v_proj, W_V, b_v)]:
             linear.weight.copy_(weight)
             linear.bias.copy_(bias)
         mha.out_proj.weight.copy_(torch_mha.out_proj.weight)
