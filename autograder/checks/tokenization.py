@@ -16,12 +16,15 @@ are Hugging Face's own implementations, run by the judges only:
   stories) for `byte_level_decode`;
 - `transformers.BertTokenizerFast(vocab=<vocab.txt>)` for `bert_encode_batch` (imported when first
   needed: it costs about 2 s).
+- `tokenizers.models.Unigram` (its Viterbi search, `Model.tokenize`) for the optional `unigram_segment`,
+  on seeded vocabularies and on words whose best split has no tie.
 The seeds come from the grader's per-run token, so the hidden inputs change from run to run and are
 never the visible tests' inputs.
 """
 import copy
 import functools
 import json
+import math
 import pathlib
 import string
 import tempfile
@@ -1275,3 +1278,259 @@ def judge_byte_level_decode_cut_characters(seeds, results):
     cases = cut_cases(seeds)
     decoder = decoders.ByteLevel()
     expect_decoded(cases, results, [decoder.decode(tokens) for tokens in cases])
+
+
+# ---------------------------------------------------------------- exercise 8 (optional stretch): unigram_segment
+# The oracle is tokenizers' Unigram model: `Model.tokenize` runs its Viterbi search on the word alone
+# (no normaliser, no pre-tokenizer). It needs an unknown token, which it also offers, scored below the
+# vocabulary's lowest score (by 10 in tokenizers' source), wherever no piece of one character starts.
+# With the unknown token's own score at -1000, that detour is far below any split into known pieces
+# here (at most 16 pieces, each of log-probability above -20: -13.4 at worst over 300 seeds), so
+# wherever a split exists the oracle returns it; the judge still makes sure no unknown token came back.
+UNIGRAM_UNK, UNIGRAM_UNK_SCORE = "<unk>", -1000.0
+UNIGRAM_TIE_GAP = 1e-6  # the best split of every hidden word beats the second best by more than this
+UNIGRAM_SHORTCUTS = (["tokenizers.models.Unigram", "tokenizers.models.Model.tokenize",
+                      *as_called_on_subclasses(models.Model, "tokenize"), *ENCODINGS,
+                      "sentencepiece.SentencePieceProcessor"]
+                     + ours("unigram_oracle", "top_two_totals", "greedy_split", "_best_split", "unigram_diagnoses"))
+UNIGRAM_ADVICE = ("tokenizers' Unigram model (and SentencePiece) is the oracle the tests compare with, not the answer: "
+                  "write the dynamic programme yourself.")
+
+
+def top_two_totals(word, log_probs):
+    """The two largest totals of log-probabilities over all splits of word into pieces of log_probs
+    (fewer if there are fewer splits): the best two paths to each position, extended piece by piece.
+    Used to choose hidden words whose best split has no (near) tie."""
+    best = [[0.0]] + [[] for _ in word]
+    for end in range(1, len(word) + 1):
+        totals = [total + log_probs[word[start:end]]
+                  for start in range(end) if word[start:end] in log_probs for total in best[start]]
+        best[end] = sorted(totals, reverse=True)[:2]
+    return best[-1]
+
+
+def greedy_split(word, log_probs):
+    """WordPiece's rule without '##': the longest piece at each position; None at a dead end."""
+    pieces, start = [], 0
+    while start < len(word):
+        end = next((e for e in range(len(word), start, -1) if word[start:e] in log_probs), None)
+        if end is None:
+            return None
+        pieces.append(word[start:end])
+        start = end
+    return pieces
+
+
+def _best_split(word, log_probs, gain):
+    """Viterbi with best[end] = max over start of gain(best[start], log p(word[start:end])): the
+    judge's model of the wrong objectives (None where no split exists)."""
+    best, back = [0.0] + [None] * len(word), [0] * (len(word) + 1)
+    for end in range(1, len(word) + 1):
+        for start in range(end):
+            piece = word[start:end]
+            if best[start] is not None and piece in log_probs:
+                score = gain(best[start], log_probs[piece])
+                if best[end] is None or score > best[end]:
+                    best[end], back[end] = score, start
+    if best[-1] is None:
+        return None
+    pieces, end = [], len(word)
+    while end > 0:
+        pieces.append(word[back[end]:end])
+        end = back[end]
+    return pieces[::-1]
+
+
+def unigram_diagnoses(word, log_probs, expected):
+    """What a buggy unigram_segment returns, keyed by the misconception (None where it does not apply)."""
+    return {
+        "that is greedy longest-match (WordPiece's rule): the longest first piece can be rare and leave rare "
+        "pieces after it. Compare the totals of all splits: best[i] = max over j of best[j] + log p(word[j:i]).":
+            greedy_split(word, log_probs),
+        "your split is chosen by the log-probability of its last piece alone: add the best total of what comes "
+        "before it, best[j] + log p(word[j:i]).": _best_split(word, log_probs, lambda before, piece: piece),
+        "you added probabilities, exp(log p), instead of log-probabilities: the probability of a split is the "
+        "product of its pieces' probabilities, so add their logs.":
+            _best_split(word, log_probs, lambda before, piece: before + math.exp(piece)),
+        "the first piece is missing: backtrack until position 0, the start of the word.":
+            expected[1:] if len(expected) > 1 else None,
+        "your pieces are in reverse order: backtracking collects them from the end of the word, so reverse them.":
+            expected[::-1] if expected[::-1] != expected else None,
+    }
+
+
+def unigram_oracle(log_probs):
+    """Judge side: tokenizers' Unigram model with these pieces and an unknown token out of the way."""
+    model = models.Unigram([(UNIGRAM_UNK, UNIGRAM_UNK_SCORE), *log_probs.items()], unk_id=0)
+
+    def segment(word):
+        tokens = model.tokenize(word)
+        if any(token.id == 0 for token in tokens):
+            raise RuntimeError(f"tokenizers' Unigram put {UNIGRAM_UNK} into {word!r}: the check's inputs need "
+                               "another design")
+        return [token.value for token in tokens]
+    return segment
+
+
+def random_unigram_vocab(g, alphabet, size, single_letters):
+    """{piece: log-probability} of random pieces of 2-4 letters, probabilities summing to 1 (a softmax
+    of Gaussian logits: a few likely pieces, many rare ones); with every letter of alphabet as a piece
+    if single_letters, so that every word has a split, else with no piece of one letter, so that some
+    positions of a word are reached by no split."""
+    pieces = set(random_strings(g, alphabet, size, min_len=2, max_len=4))
+    pieces = sorted(pieces | set(alphabet) if single_letters else pieces)
+    log_probs = torch.log_softmax(2 * torch.randn(len(pieces), generator=g, dtype=torch.float64), dim=0)
+    return dict(zip(pieces, log_probs.tolist()))
+
+
+def words_from_pieces(g, log_probs, count, keep=lambda word: True, max_pieces=4, attempts=2000):
+    """Up to count distinct words, each 1-max_pieces random pieces of log_probs joined (so a split exists),
+    whose best split has no tie within UNIGRAM_TIE_GAP, and that keep(word) accepts."""
+    pieces, words = sorted(log_probs), []
+    for _ in range(attempts):
+        word = "".join(_choice(g, pieces) for _ in range(1 + _index(g, max_pieces)))
+        totals = top_two_totals(word, log_probs)
+        if word not in words and (len(totals) < 2 or totals[0] - totals[1] > UNIGRAM_TIE_GAP) and keep(word):
+            words.append(word)
+            if len(words) == count:
+                break
+    return words
+
+
+def unigram_match_cases(seeds):
+    """(word, log_probs): seeded vocabularies, two with every letter as a piece, two without."""
+    cases = []
+    for stream, alphabet, size, single_letters in [(2501, "abcd", 16, True), (2502, "abcde", 24, True),
+                                                   (2503, "abcd", 18, False), (2504, "abcde", 26, False)]:
+        g = seeds.generator(stream)
+        log_probs = random_unigram_vocab(g, alphabet, size, single_letters)
+        cases += [(word, log_probs) for word in words_from_pieces(g, log_probs, 25)]
+    return cases
+
+
+def greedy_cases(seeds):
+    """(word, log_probs, whether a split exists): words that greedy longest-match splits worse than
+    the best split, or not at all although a split exists; and words that no pieces spell."""
+    cases = [("abc", {"a": -2.0, "ab": -1.0, "bc": -1.0}, True),       # greedy: 'ab', then no piece for 'c'
+             ("abcd", {"abc": -9.0, "ab": -2.0, "cd": -2.0, "d": -1.0}, True),
+             ("aba", {"ab": -1.0, "ba": -1.0}, False),                # every letter is in a piece, yet no split
+             ("abz", {"a": -1.0, "b": -1.0, "ab": -1.5}, False),       # 'z' is in no piece
+             ("a", {}, False)]
+    for stream, single_letters in [(2601, True), (2602, True), (2603, False)]:
+        g = seeds.generator(stream)
+        log_probs = random_unigram_vocab(g, "abcd", 20, single_letters)
+
+        def greedy_loses(word):
+            greedy = greedy_split(word, log_probs)
+            return greedy is None or sum(log_probs[p] for p in greedy) < top_two_totals(word, log_probs)[0] - 1e-9
+        cases += [(word, log_probs, True) for word in words_from_pieces(g, log_probs, 8, keep=greedy_loses)]
+    g = seeds.generator(2604)
+    log_probs = random_unigram_vocab(g, "abcd", 12, single_letters=False)  # most random strings have no split
+    unsplittable = [w for w in random_strings(g, "abcd", 60, min_len=2, max_len=8) if not top_two_totals(w, log_probs)]
+    cases += [(word, log_probs, False) for word in sorted(set(unsplittable))[:8]]
+    return cases
+
+
+class _Segmentations:
+    """unigram_segment(word, log_probs) for each case inside one `call` (one watch), each with its own
+    copy of log_probs; keeps what each call returned or raised."""
+
+    def __init__(self, fn, cases):
+        self.fn, self.cases, self.outcomes = fn, cases, []
+        if hasattr(fn, "__globals__"):
+            self.__globals__ = fn.__globals__
+
+    def __call__(self):
+        for word, log_probs in self.cases:
+            try:
+                result = self.fn(word, dict(log_probs))
+            except (NotImplementedError, Forbidden):
+                raise
+            except Exception as error:  # the judge decides whether raising was right
+                self.outcomes.append({"raised": type(error).__name__, "value_error": isinstance(error, ValueError),
+                                      "message": str(error)[:300]})
+                continue
+            what = f"unigram_segment({word!r}, log_probs)"
+            self.outcomes.append({"pieces": as_tokens(result, what)})
+
+
+def _segment_all(fn, cases):
+    """Probe side: what the student's unigram_segment did for each (word, log_probs)."""
+    if not callable(fn):
+        raise AssertionError(f"unigram_segment should be a function, but it is a {type(fn).__name__}.")
+    each = _Segmentations(fn, cases)
+    call(each, name="unigram_segment", forbidden=UNIGRAM_SHORTCUTS, forbidden_advice=UNIGRAM_ADVICE)
+    return each.outcomes
+
+
+def _describe_vocab(log_probs, width=150):
+    shown = []
+    for piece, score in log_probs.items():
+        if sum(len(s) + 2 for s in shown) > width:
+            shown.append("...")
+            break
+        shown.append(f"{piece!r}: {score:.2f}")
+    return "{" + ", ".join(shown) + "}"
+
+
+def expect_split(word, log_probs, outcome, expected):
+    """Judge side: the student's outcome for a word that has a split, against the oracle's pieces."""
+    what = f"unigram_segment({word!r}, log_probs={_describe_vocab(log_probs)})"
+    if "raised" in outcome:
+        raise AssertionError(f"{what} raised {outcome['raised']}: {outcome['message']}, but the word has a split: "
+                             f"{expected}. Consider every split (dynamic programming), not only the longest piece first.")
+    pieces = outcome["pieces"]
+    if pieces == expected:
+        return
+    total = f"total log-probability {sum(log_probs[p] for p in expected):.3f}"
+    for misconception, wrong in unigram_diagnoses(word, log_probs, expected).items():
+        if wrong is not None and pieces == wrong and wrong != expected:
+            raise AssertionError(f"{what} returned {pieces}, expected {expected} ({total}): {misconception}")
+    if "".join(pieces) != word or not all(p in log_probs for p in pieces):
+        raise AssertionError(f"{what} returned {pieces}, expected {expected}: the pieces must be keys of log_probs "
+                             "and spell the word when joined.")
+    raise AssertionError(f"{what} returned {pieces} (total log-probability {sum(log_probs[p] for p in pieces):.3f}), "
+                         f"expected {expected} ({total}), the split that tokenizers' Unigram model finds. "
+                         "best[i] = max over j < i of best[j] + log p(word[j:i]), then backtrack from the end.")
+
+
+def expect_no_split(word, log_probs, outcome):
+    what = f"unigram_segment({word!r}, log_probs={_describe_vocab(log_probs)})"
+    if "pieces" in outcome:
+        raise AssertionError(f"{what} returned {outcome['pieces']}, but no pieces of log_probs spell {word!r}: "
+                             "raise ValueError with the word in its message.")
+    if not outcome["value_error"]:
+        raise AssertionError(f"{what} raised {outcome['raised']}: {outcome['message']}. When no split exists, raise "
+                             f"ValueError (with the word in its message), not {outcome['raised']}.")
+    if word not in outcome["message"]:
+        raise AssertionError(f"{what} raised ValueError({outcome['message']!r}): name the word in the message, "
+                             f"e.g. ValueError(f'no split of {{word!r}}').")
+
+
+@probe
+def stretch_unigram_segment_matches_tokenizers(seeds, fn):
+    return _segment_all(fn, unigram_match_cases(seeds))
+
+
+@stretch_unigram_segment_matches_tokenizers.judge
+def judge_stretch_unigram_segment_matches_tokenizers(seeds, outcomes):
+    cases = unigram_match_cases(seeds)
+    oracles = {}
+    for (word, log_probs), outcome in zip(cases, outcomes, strict=True):
+        key = id(log_probs)  # one model per vocabulary
+        oracle = oracles.setdefault(key, unigram_oracle(log_probs))
+        expect_split(word, log_probs, outcome, oracle(word))
+
+
+@probe
+def stretch_unigram_segment_beats_greedy(seeds, fn):
+    return _segment_all(fn, [(word, log_probs) for word, log_probs, _ in greedy_cases(seeds)])
+
+
+@stretch_unigram_segment_beats_greedy.judge
+def judge_stretch_unigram_segment_beats_greedy(seeds, outcomes):
+    for (word, log_probs, splits), outcome in zip(greedy_cases(seeds), outcomes, strict=True):
+        if splits:
+            expect_split(word, log_probs, outcome, unigram_oracle(log_probs)(word))
+        else:
+            expect_no_split(word, log_probs, outcome)

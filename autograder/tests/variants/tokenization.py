@@ -9,6 +9,9 @@ BERT = "bert_encode_batch_answer"
 TABLE = "bytes_to_unicode_answer"
 PRETOKENIZE = "byte_level_pretokenize_answer"
 DECODE = "byte_level_decode_answer"
+UNIGRAM = "unigram_segment_answer"
+UNIGRAM_VALUES = "stretch_unigram_segment_matches_tokenizers"
+UNIGRAM_GREEDY = "stretch_unigram_segment_beats_greedy"
 
 
 def train(body):
@@ -37,6 +40,33 @@ def pretokenize(body):
 
 def decode(body):
     return "def byte_level_decode(tokens):\n" + body
+
+
+def unigram(body):
+    return "def unigram_segment(word, log_probs):\n" + body
+
+
+def unigram_viterbi(score="best[start] + log_probs[piece]", walk_back="while end > 0:", result="pieces[::-1]",
+                    no_split='raise ValueError(f"no split of {word!r}")'):
+    """The reference's dynamic programme with one part swapped for a bug."""
+    return unigram(f"""
+    n = len(word)
+    best = [0.0] + [-math.inf] * n
+    back = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(end):
+            piece = word[start:end]
+            if piece in log_probs and best[start] > -math.inf and {score} > best[end]:
+                best[end] = {score}
+                back[end] = start
+    if best[n] == -math.inf:
+        {no_split}
+    pieces, end = [], n
+    {walk_back}
+        pieces.append(word[back[end]:end])
+        end = back[end]
+    return {result}
+""")
 
 
 # ---- building blocks of the byte-level exercises, recombined with one bug each
@@ -436,6 +466,48 @@ def split_words(text):
     Variant("decode_only_replaces_the_space_marker", {DECODE: decode("""
     return "".join(tokens).replace("Ġ", " ").replace("Ċ", "\\n")
 """)}, loses=("byte_level_decode_round_trip",), message="Map every character back to its byte"),
+    # ---- unigram_segment (optional stretch)
+    Variant("unigram_greedy_longest_match", {UNIGRAM: unigram("""
+    pieces, start = [], 0
+    while start < len(word):
+        end = next((e for e in range(len(word), start, -1) if word[start:e] in log_probs), None)
+        if end is None:
+            raise ValueError(f"no split of {word!r}")
+        pieces.append(word[start:end])
+        start = end
+    return pieces
+""")}, loses=(UNIGRAM_VALUES, UNIGRAM_GREEDY), message="greedy longest-match"),
+    # best[i] from the last piece's log-probability alone: what comes before it is forgotten
+    Variant("unigram_scores_the_last_piece_only", {UNIGRAM: unigram_viterbi(score="log_probs[piece]")},
+            loses=(UNIGRAM_VALUES,), message="best[j] + log p(word[j:i])"),
+    Variant("unigram_adds_probabilities", {UNIGRAM: unigram_viterbi(score="best[start] + math.exp(log_probs[piece])")},
+            loses=(UNIGRAM_VALUES,), message="Add the log-probabilities"),
+    Variant("unigram_backtracking_drops_the_first_piece", {UNIGRAM: unigram_viterbi(walk_back="while back[end] > 0:")},
+            loses=(UNIGRAM_VALUES, UNIGRAM_GREEDY), message="until position 0"),
+    Variant("unigram_pieces_in_reverse_order", {UNIGRAM: unigram_viterbi(result="pieces")},
+            loses=(UNIGRAM_VALUES,), message="in order"),
+    Variant("unigram_returns_nothing_without_a_split", {UNIGRAM: unigram_viterbi(no_split="return []")},
+            loses=(UNIGRAM_GREEDY,), message="raise ValueError naming the word"),
+    # Hard-coding the visible answers earns nothing: the hidden vocabularies are random.
+    Variant("unigram_hard_coded_visible_answers", {UNIGRAM: unigram("""
+    answers = {"unrelated": ["un", "related"], "unread": ["un", "read"], "unreading": ["un", "read", "ing"],
+               "unrest": ["un", "re", "s", "t"], "readers": ["read", "er", "s"], "related": ["related"],
+               "abc": ["a", "bc"]}
+    if word not in answers:
+        raise ValueError(f"no split of {word!r}")
+    return answers[word]
+""")}, loses=(UNIGRAM_VALUES, UNIGRAM_GREEDY), message="but the word has a split"),
+    # Model.tokenize is compiled and inherited: called on a Unigram, the watch sees it as Unigram.tokenize.
+    Variant("unigram_with_the_oracle_captured_before_the_tests", {UNIGRAM: """
+_tokenize = Unigram.tokenize   # the compiled Model.tokenize, captured now
+
+""" + unigram("""
+    model = Unigram([("<unk>", -1000.0), *log_probs.items()], unk_id=0)
+    tokens = _tokenize(model, word)
+    if any(token.id == 0 for token in tokens):
+        raise ValueError(f"no split of {word!r}")
+    return [token.value for token in tokens]
+""")}, loses=(UNIGRAM_VALUES, UNIGRAM_GREEDY), message="flagged for review"),
     # ---- the oracles, taken by routes the watch must still see
     Variant("byte_table_from_transformers", {TABLE: """
 from transformers.convert_slow_tokenizer import bytes_to_unicode as _gpt2_table
@@ -635,6 +707,62 @@ ALTERNATIVES = [
     stream = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text = "".join(stream.decode(bytes(inverse[char] for char in token)) for token in tokens)
     return text + stream.decode(b"", final=True)
+""")}),
+    # unigram_segment: the best split of each suffix, memoised (recursion instead of a table)
+    Variant("unigram_memoised_recursion_on_suffixes", {UNIGRAM: unigram("""
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def best_from(start):
+        # (total log-probability, pieces) of the best split of word[start:], or None if there is none
+        if start == len(word):
+            return 0.0, ()
+        options = []
+        for end in range(start + 1, len(word) + 1):
+            piece = word[start:end]
+            rest = best_from(end) if piece in log_probs else None
+            if rest is not None:
+                options.append((log_probs[piece] + rest[0], (piece,) + rest[1]))
+        return max(options, key=lambda option: option[0]) if options else None
+
+    found = best_from(0)
+    if found is None:
+        raise ValueError(f"{word!r} cannot be split into pieces of the vocabulary")
+    return list(found[1])
+""")}),
+    # unigram_segment: the same table filled forwards, from each reachable start to every end
+    Variant("unigram_forward_over_start_positions", {UNIGRAM: unigram("""
+    longest = max(map(len, log_probs), default=0)
+    best = {0: (0.0, None)}                 # position: (total, start of the last piece)
+    for start in range(len(word)):
+        if start not in best:
+            continue
+        for end in range(start + 1, min(len(word), start + longest) + 1):
+            piece = word[start:end]
+            if piece in log_probs:
+                total = best[start][0] + log_probs[piece]
+                if end not in best or total > best[end][0]:
+                    best[end] = (total, start)
+    if len(word) not in best:
+        raise ValueError("no split for " + word)
+    pieces, end = [], len(word)
+    while end:
+        start = best[end][1]
+        pieces.insert(0, word[start:end])
+        end = start
+    return pieces
+""")}),
+    # unigram_segment: each prefix keeps its whole best split, no back-pointers
+    Variant("unigram_keeps_whole_splits", {UNIGRAM: unigram("""
+    best = [(0.0, [])] + [None] * len(word)
+    for end in range(1, len(word) + 1):
+        candidates = [(best[start][0] + log_probs[word[start:end]], best[start][1] + [word[start:end]])
+                      for start in range(end) if best[start] is not None and word[start:end] in log_probs]
+        if candidates:
+            best[end] = max(candidates, key=lambda candidate: candidate[0])
+    if best[-1] is None:
+        raise ValueError(f"unigram_segment: {word} has no split")
+    return best[-1][1]
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
