@@ -6,7 +6,8 @@ the oracle, compare, name the misconception). Layered as the course's tests are:
 values on seeded random inputs against an independent oracle (`torch.nn.functional.one_hot`,
 `torch.nn.functional.embedding`, `torch.nn.Embedding`, `torch.nn.functional.linear`,
 `torch.nn.functional.cosine_similarity`), then behaviour (one_hot is really used, padding gets no
-gradient, the output layer shares the embedding's parameter, ties are broken deterministically).
+gradient, the output layer shares the embedding's parameter, ties are broken deterministically). The
+optional stretch, `embedding_backward`, is judged against autograd run through `F.embedding`.
 The seeds come from the grader's per-run token, so the hidden inputs change from run to run and are
 never the visible tests' inputs.
 
@@ -695,3 +696,195 @@ def judge_nearest_neighbours_ties(seeds, results):
             f"nearest_neighbours(E, {index}, {k}) = {found}, expected {expected}. This table has exact ties "
             "(copies of a row, and rows mirrored around the query); break them by the smaller index, e.g. with torch.sort(similarity, "
             "descending=True, stable=True). (torch.topk and a plain sort leave the order of ties unspecified.)")
+
+
+# ---------------------------------------------------------------- exercise 6 (optional stretch): embedding_backward
+BACKWARD_SHORTCUTS = ["torch.nn.functional.embedding", "torch.embedding", "torch.nn.Embedding",
+                      "torch.ops.aten.embedding_dense_backward", "torch.ops.aten.embedding_backward",
+                      # autograd would compute the answer from a lookup: the probe's grad_output carries no
+                      # graph, and these are the ways to run a backward pass on a lookup of one's own
+                      "torch.Tensor.backward", "torch.autograd.backward", "torch.autograd.grad",
+                      *ours("oracle_embedding_grad")]
+BACKWARD_ADVICE = ("add up the rows of grad_output yourself (index_add_, scatter_add_, a one-hot product or a "
+                   "loop): F.embedding's backward, run by autograd, is the oracle here.")
+
+
+def oracle_embedding_grad(ids, grad_output, vocab_size, padding_idx=None, scale_grad_by_freq=False):
+    """The gradient that autograd computes through torch.nn.functional.embedding, for the table."""
+    weight = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
+    F.embedding(ids, weight, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq).backward(grad_output)
+    return weight.grad
+
+
+def _embedding_backward(fn, ids, grad_output, vocab_size, **options):
+    """The student's gradient; grad_output is a plain tensor (no graph behind it, no requires_grad)."""
+    result = call(fn, ids.clone(), grad_output.clone(), vocab_size, name="embedding_backward",
+                  forbidden=BACKWARD_SHORTCUTS, forbidden_advice=BACKWARD_ADVICE, **options)
+    if not torch.is_tensor(result):
+        raise AssertionError(f"embedding_backward should return a tensor, but it returned {type(result).__name__}.")
+    return result.detach()
+
+
+def backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id, dtype=torch.float64, ensure=()):
+    """ids (batch, length) in 0..highest_id (stream) with `ensure` = ((b, t, id), ...) written in, and
+    grad_output (batch, length, d) (stream + 50)."""
+    ids = torch.randint(0, highest_id + 1, (batch, length), generator=seeds.generator(stream))
+    for b, t, token in ensure:
+        ids[b, t] = token
+    grad_output = torch.randn(batch, length, d, generator=seeds.generator(stream + 50), dtype=dtype)
+    return ids, grad_output
+
+
+def _backward_shape(result, ids, grad_output, vocab_size, name):
+    batch, length, d = grad_output.shape
+    found = tuple(result.shape)
+    hint = {(batch * length, d): "that is one row per POSITION (B·T of them): add the rows of the same token "
+                                 "together into one row per vocabulary entry.",
+            (batch, length, d): "that is grad_output's shape: the gradient of the TABLE has one row per "
+                                "vocabulary entry.",
+            (d, vocab_size): "that is the transpose: the table is (vocab_size, d), and so is its gradient."}
+    if found in hint and found != (vocab_size, d):
+        raise AssertionError(f"{name} has shape {found}: {hint[found]}")
+    expect_shape(result, (vocab_size, d), name, "The gradient of the table has the table's shape (vocab_size, d).")
+
+
+def _last_write_wins(ids, grad_output, vocab_size, padding_idx=None, first=False):
+    """What `grad[ids] = grad_output` leaves: one occurrence per token (the last, or the first)."""
+    grad = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype)
+    rows = list(zip(ids.reshape(-1).tolist(), grad_output.reshape(-1, grad_output.shape[-1])))
+    for token, row in (reversed(rows) if first else rows):
+        grad[token] = row
+    if padding_idx is not None:
+        grad[padding_idx] = 0
+    return grad
+
+
+def _scaled_per_sequence(ids, grad_output, vocab_size, padding_idx=None):
+    """scale_grad_by_freq with counts taken in each sequence, not over the batch."""
+    total = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype)
+    for sequence_ids, sequence_grads in zip(ids, grad_output):
+        total += oracle_embedding_grad(sequence_ids, sequence_grads, vocab_size, padding_idx, True)
+    return total
+
+
+# (stream, B, T, vocab_size, d, padding_idx, highest id): ids repeat (B·T positions, few ids); the padding id
+# is written into the batch twice when there is one
+BACKWARD_VALUE_CASES = [(3401, 3, 7, 11, 5, None, 8), (3402, 2, 9, 13, 4, 4, 12), (3403, 4, 5, 9, 3, 0, 5)]
+
+
+def backward_value_problem(seeds, stream, batch, length, vocab_size, d, padding_idx, highest_id):
+    ensure = () if padding_idx is None else ((0, 1, padding_idx), (batch - 1, length - 1, padding_idx))
+    return backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id, ensure=ensure)
+
+
+@probe
+def stretch_embedding_backward_values(seeds, fn):
+    """float64, repeated ids, with and without padding_idx: equal to autograd through F.embedding."""
+    results = []
+    for stream, batch, length, vocab_size, d, padding_idx, highest_id in BACKWARD_VALUE_CASES:
+        ids, grad_output = backward_value_problem(seeds, stream, batch, length, vocab_size, d, padding_idx,
+                                                  highest_id)
+        options = {} if padding_idx is None else {"padding_idx": padding_idx}
+        results.append(_embedding_backward(fn, ids, grad_output, vocab_size, **options))
+    return results
+
+
+@stretch_embedding_backward_values.judge
+def judge_stretch_embedding_backward_values(seeds, results):
+    for case, result in zip(BACKWARD_VALUE_CASES, results, strict=True):
+        _, batch, length, vocab_size, d, padding_idx, _ = case
+        ids, grad_output = backward_value_problem(seeds, *case)
+        name = f"embedding_backward(ids {tuple(ids.shape)}, V={vocab_size}, padding_idx={padding_idx})"
+        _backward_shape(result, ids, grad_output, vocab_size, name)
+        expected = oracle_embedding_grad(ids, grad_output, vocab_size, padding_idx)
+        diagnoses = {
+            "a token that occurs several times keeps only one of its upstream gradients (grad[ids] = g: the "
+            "last write wins). It must get the SUM of them: accumulate with index_add_ / scatter_add_.":
+                _last_write_wins(ids, grad_output, vocab_size, padding_idx),
+            "a token that occurs several times keeps only its first upstream gradient. It must get the SUM of "
+            "them all.": _last_write_wins(ids, grad_output, vocab_size, padding_idx, first=True),
+            "you divided by the token counts although scale_grad_by_freq=False: by default each token gets "
+            "the plain SUM of its upstream gradients.":
+                oracle_embedding_grad(ids, grad_output, vocab_size, padding_idx, True),
+        }
+        if padding_idx is not None:
+            diagnoses[f"the padding row {padding_idx} received a gradient: with padding_idx set, that row's "
+                      "gradient is zero (nn.Embedding never trains it)."] = \
+                oracle_embedding_grad(ids, grad_output, vocab_size)
+        expect_close(result, expected, name, rtol=1e-9, atol=1e-12, diagnoses=diagnoses,
+                     hint="Row i is the sum of grad_output over every position where token i occurs: Xᵀ G.")
+
+
+# (stream, B, T, vocab_size, d, padding_idx, highest id): token 1 occurs twice in sequence 0 and once in
+# sequence 1, so counting per sequence differs from counting over the batch; ids above highest id never occur
+BACKWARD_SCALE_CASES = [(3501, 3, 6, 10, 4, None, 6), (3502, 4, 5, 12, 3, 2, 7)]
+SCALE_ENSURE = ((0, 0, 1), (0, 1, 1), (1, 0, 1))
+BACKWARD_DTYPE_CASE = (3503, 2, 4, 7, 3, None, 4)  # float32, and a (1, T) batch below
+
+
+@probe
+def stretch_embedding_backward_options(seeds, fn):
+    """scale_grad_by_freq (counts over the whole batch), absent rows exactly zero, shape and dtype."""
+    scaled = []
+    for stream, batch, length, vocab_size, d, padding_idx, highest_id in BACKWARD_SCALE_CASES:
+        ids, grad_output = backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id,
+                                            ensure=SCALE_ENSURE)
+        scaled.append(_embedding_backward(fn, ids, grad_output, vocab_size, padding_idx=padding_idx,
+                                          scale_grad_by_freq=True))
+    stream, batch, length, vocab_size, d, _, highest_id = BACKWARD_DTYPE_CASE
+    ids, grad_output = backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id, torch.float32)
+    single = backward_problem(seeds, stream + 1, 1, length, vocab_size, d, highest_id, torch.float32)
+    return {"scaled": scaled, "float32": _embedding_backward(fn, ids, grad_output, vocab_size),
+            "one_sequence": _embedding_backward(fn, *single, vocab_size)}
+
+
+@stretch_embedding_backward_options.judge
+def judge_stretch_embedding_backward_options(seeds, data):
+    for case, result in zip(BACKWARD_SCALE_CASES, data["scaled"], strict=True):
+        stream, batch, length, vocab_size, d, padding_idx, highest_id = case
+        ids, grad_output = backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id,
+                                            ensure=SCALE_ENSURE)
+        name = f"embedding_backward(ids {tuple(ids.shape)}, V={vocab_size}, padding_idx={padding_idx}, " \
+               "scale_grad_by_freq=True)"
+        _backward_shape(result, ids, grad_output, vocab_size, name)
+        if not torch.isfinite(result).all():
+            raise AssertionError(f"{name} contains inf or NaN: a token absent from the batch has a count of 0, "
+                                 "so don't divide its row by 0. Its gradient is exactly zero.")
+        if not torch.all(result[highest_id + 1:] == 0):
+            raise AssertionError(f"{name}: the rows of tokens that never occur in the batch ({highest_id + 1} to "
+                                 f"{vocab_size - 1}) must be exactly zero.")
+        plain = oracle_embedding_grad(ids, grad_output, vocab_size, padding_idx)
+        diagnoses = {
+            "you counted each token per sequence; scale_grad_by_freq divides by the number of times the token "
+            "occurs in the WHOLE batch (all B·T positions).":
+                _scaled_per_sequence(ids, grad_output, vocab_size, padding_idx),
+            "scale_grad_by_freq=True must divide each token's summed gradient by the number of times that token "
+            "occurs in the batch; yours is the plain sum.": plain,
+            "you divided every row by the number of positions B·T (a mean); divide each token's row by the "
+            "number of times THAT token occurs in the batch.": plain / ids.numel(),
+            "you divided every row by the vocabulary size; divide each token's row by the number of times THAT "
+            "token occurs in the batch.": plain / vocab_size,
+        }
+        if padding_idx is not None:
+            diagnoses[f"the padding row {padding_idx} received a gradient: with padding_idx set, that row's "
+                      "gradient is zero, with or without scale_grad_by_freq."] = \
+                oracle_embedding_grad(ids, grad_output, vocab_size, None, True)
+        expect_close(result, oracle_embedding_grad(ids, grad_output, vocab_size, padding_idx, True), name,
+                     rtol=1e-9, atol=1e-12, diagnoses=diagnoses,
+                     hint="Each token's row is the sum of its upstream gradients divided by how often the token "
+                          "occurs in the whole batch; the padding row stays zero.")
+    stream, batch, length, vocab_size, d, _, highest_id = BACKWARD_DTYPE_CASE
+    for key, (ids, grad_output) in (
+            ("float32", backward_problem(seeds, stream, batch, length, vocab_size, d, highest_id, torch.float32)),
+            ("one_sequence", backward_problem(seeds, stream + 1, 1, length, vocab_size, d, highest_id,
+                                              torch.float32))):
+        result = data[key]
+        name = f"embedding_backward(ids {tuple(ids.shape)}, float32 grad_output (B, T, {d}), V={vocab_size})"
+        _backward_shape(result, ids, grad_output, vocab_size, name)
+        if result.dtype != torch.float32:
+            raise AssertionError(f"{name} returned {result.dtype}: the gradient has grad_output's dtype "
+                                 "(create the zeros with dtype=grad_output.dtype).")
+        if not torch.all(result[highest_id + 1:] == 0):
+            raise AssertionError(f"{name}: the rows of tokens that never occur in the batch must be exactly zero.")
+        expect_close(result, oracle_embedding_grad(ids, grad_output, vocab_size), name,
+                     "Row i is the sum of grad_output over every position where token i occurs.")

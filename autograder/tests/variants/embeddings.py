@@ -7,6 +7,7 @@ EMBED = "embed_answer"
 TOKEN_EMBEDDING = "token_embedding_answer"
 TIED = "tied_lm_logits_answer"
 NEIGHBOURS = "nearest_neighbours_answer"
+BACKWARD = "embedding_backward_answer"
 
 RANGE_CHECK = """
     if ((ids < 0) | (ids >= vocab_size)).any():
@@ -35,6 +36,24 @@ def tied(body):
 
 def neighbours(body):
     return "def nearest_neighbours(E, index, k):\n" + body
+
+
+def backward(body):
+    return "def embedding_backward(ids, grad_output, vocab_size, padding_idx=None, scale_grad_by_freq=False):\n" + body
+
+
+# the rest of a correct embedding_backward, after `grad` holds the plain sums
+BACKWARD_OPTIONS = """
+    if scale_grad_by_freq:
+        grad = grad / torch.bincount(ids.reshape(-1), minlength=vocab_size).clamp(min=1).unsqueeze(-1)
+    if padding_idx is not None:
+        grad[padding_idx] = 0.0
+    return grad
+"""
+BACKWARD_SUMS = """
+    grad = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype)
+    grad.index_add_(0, ids.reshape(-1), grad_output.reshape(-1, grad_output.shape[-1]))
+"""
 
 
 MUTANTS = [
@@ -164,6 +183,62 @@ MUTANTS = [
     return visible.get(tuple(ids.flatten().tolist()), torch.zeros(*ids.shape, 8))
 """)}, loses=("one_hot_shape_and_dtype", "one_hot_values", "one_hot_rejects_out_of_range"),
         message="shape"),
+    # ---- embedding_backward (optional stretch)
+    Variant("backward_assigns_so_the_last_write_wins", {BACKWARD: backward("""
+    grad = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype)
+    grad[ids] = grad_output
+""" + BACKWARD_OPTIONS)}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
+        message="SUM"),
+    Variant("backward_forgets_padding_idx", {BACKWARD: backward(BACKWARD_SUMS + """
+    if scale_grad_by_freq:
+        grad = grad / torch.bincount(ids.reshape(-1), minlength=vocab_size).clamp(min=1).unsqueeze(-1)
+    return grad
+""")}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"), message="padding row"),
+    Variant("backward_counts_per_sequence", {BACKWARD: backward("""
+    grad = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype)
+    for sequence_ids, sequence_grads in zip(ids, grad_output):
+        rows = torch.zeros_like(grad).index_add_(0, sequence_ids, sequence_grads)
+        if scale_grad_by_freq:
+            rows = rows / torch.bincount(sequence_ids, minlength=vocab_size).clamp(min=1).unsqueeze(-1)
+        grad = grad + rows
+    if padding_idx is not None:
+        grad[padding_idx] = 0.0
+    return grad
+""")}, loses=("stretch_embedding_backward_options",), message="WHOLE batch"),
+    Variant("backward_divides_by_the_number_of_positions", {BACKWARD: backward(BACKWARD_SUMS + """
+    if scale_grad_by_freq:
+        grad = grad / ids.numel()
+    if padding_idx is not None:
+        grad[padding_idx] = 0.0
+    return grad
+""")}, loses=("stretch_embedding_backward_options",), message="WHOLE batch"),
+    Variant("backward_divides_absent_rows_by_zero", {BACKWARD: backward(BACKWARD_SUMS + """
+    if scale_grad_by_freq:
+        grad = grad / torch.bincount(ids.reshape(-1), minlength=vocab_size).unsqueeze(-1)
+    if padding_idx is not None:
+        grad[padding_idx] = 0.0
+    return grad
+""")}, loses=("stretch_embedding_backward_options",), message="NaN"),
+    Variant("backward_one_row_per_position", {BACKWARD: backward("""
+    grad = grad_output.reshape(-1, grad_output.shape[-1]).clone()
+    if padding_idx is not None:
+        grad[ids.reshape(-1) == padding_idx] = 0.0
+    return grad
+""")}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
+        message="not one row per position"),
+    Variant("backward_transposed", {BACKWARD: backward("""
+    grad = grad_output.reshape(-1, grad_output.shape[-1]).T @ F.one_hot(ids.reshape(-1), vocab_size).to(grad_output.dtype)
+    if padding_idx is not None:
+        grad[:, padding_idx] = 0.0
+    return grad
+""")}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"), message="not transposed"),
+    Variant("backward_by_autograd", {BACKWARD: backward("""
+    table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
+    vectors = table[ids]   # a lookup by indexing, differentiated by autograd
+    vectors.backward(grad_output)
+    grad = table.grad
+""" + BACKWARD_OPTIONS)}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
+        message="flagged for review"),
     # ---- answers taken from an oracle or a reference by routes that patching torch during the test
     # cannot see: a reference captured when the cell runs, before any test. The watch sees the call itself.
     Variant("one_hot_oracle_captured_before_the_tests", {ONE_HOT: """
@@ -257,6 +332,42 @@ ALTERNATIVES = [
             cosine = float(query @ row) / (float(query.norm()) * float(row.norm()))
             scored.append((-cosine, i))
     return torch.tensor([i for _, i in sorted(scored)[:k]], dtype=torch.long)
+""")}),
+    Variant("backward_one_hot_product", {BACKWARD: backward("""
+    X = F.one_hot(ids.reshape(-1), vocab_size).to(grad_output.dtype)          # (N, V)
+    grad = X.T @ grad_output.reshape(-1, grad_output.shape[-1])               # (V, d)
+    if scale_grad_by_freq:
+        grad = grad / X.sum(dim=0).clamp(min=1).unsqueeze(-1)
+    if padding_idx is not None:
+        grad = grad * (torch.arange(vocab_size) != padding_idx).unsqueeze(-1)
+    return grad
+""")}),
+    Variant("backward_scatter_add", {BACKWARD: backward("""
+    d = grad_output.shape[-1]
+    flat = ids.reshape(-1, 1).expand(-1, d)
+    grad = torch.zeros(vocab_size, d, dtype=grad_output.dtype).scatter_add_(0, flat, grad_output.reshape(-1, d))
+    if scale_grad_by_freq:
+        counts = torch.zeros(vocab_size, dtype=grad_output.dtype).scatter_add_(
+            0, ids.reshape(-1), torch.ones(ids.numel(), dtype=grad_output.dtype))
+        grad = torch.where(counts.unsqueeze(-1) > 0, grad / counts.unsqueeze(-1), grad)
+    if padding_idx is not None:
+        grad[padding_idx] = 0
+    return grad
+""")}),
+    Variant("backward_python_loop", {BACKWARD: backward("""
+    flat_ids = ids.reshape(-1).tolist()
+    flat_grads = grad_output.reshape(len(flat_ids), -1)
+    grad = torch.zeros(vocab_size, flat_grads.shape[1], dtype=grad_output.dtype)
+    counts = {}
+    for position, token in enumerate(flat_ids):
+        grad[token] += flat_grads[position]
+        counts[token] = counts.get(token, 0) + 1
+    for token, count in counts.items():
+        if token == padding_idx:
+            grad[token] = 0
+        elif scale_grad_by_freq:
+            grad[token] /= count
+    return grad
 """)}),
     # Correct answers whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
