@@ -745,3 +745,189 @@ def judge_rope_norm(seeds, result):
     expect_close((q_rot * k_rot).sum(-1), (q * k).sum(-1), f"q'_p . k'_p {where}",
                  "A query and a key at the same position turn by the same angles, so their score is the plain "
                  "q . k.", rtol=1e-7, atol=1e-8)
+
+
+# ---------------------------------------------------------------- exercise 5 (optional stretch): llama3_inv_freq
+# Oracle: transformers' own llama3 initialisation (`ROPE_INIT_FUNCTIONS["llama3"]`, that is
+# `modeling_rope_utils._compute_llama3_parameters`), called with a LlamaConfig in the grader only. It works in
+# float32; float32 and float64 versions of the formula differ from it by up to 6e-6 relative (measured over
+# 2000 random configurations with factors up to 32: the blend amplifies the rounding of gamma by up to
+# `factor`), so values are compared to 5e-5 relative, with no absolute tolerance (the frequencies go down to 1e-8).
+LLAMA3_NAME = "llama3_inv_freq"
+LLAMA3_ADVICE = ("write the rescaling yourself: transformers' rope initialisation functions are the oracle here, "
+                 "not the answer.")
+LLAMA3_RTOL = 5e-5
+ROPE_UTILS = "transformers.modeling_rope_utils"
+
+
+def llama3_shortcuts():
+    """Every rope initialisation function of transformers (the llama3 one is the oracle). Imported here
+    if need be: the visible part of the same test cell has already imported it, so this costs nothing."""
+    import importlib
+    module = importlib.import_module(ROPE_UTILS)
+    return sorted({f"{ROPE_UTILS}.{fn.__name__}" for fn in module.ROPE_INIT_FUNCTIONS.values()
+                   if getattr(module, fn.__name__, None) is fn})
+
+
+def _llama3(fn, case):
+    result = call(fn, *case, name=LLAMA3_NAME, forbidden=llama3_shortcuts(), forbidden_advice=LLAMA3_ADVICE)
+    if not torch.is_tensor(result):
+        raise AssertionError(f"{LLAMA3_NAME} should return a torch tensor, but it returned {type(result).__name__}.")
+    return result
+
+
+def oracle_llama3_inv_freq(head_dim, base, factor, low_freq_factor, high_freq_factor, original_max_position):
+    """transformers' llama3 frequencies (float32), as float64 NumPy. Grader side only."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    with quiet():
+        config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+                             max_position_embeddings=int(factor * original_max_position) + 1,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": float(base), "factor": float(factor),
+                                              "low_freq_factor": float(low_freq_factor),
+                                              "high_freq_factor": float(high_freq_factor),
+                                              "original_max_position_embeddings": int(original_max_position)})
+        inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, None)
+    return inv_freq.double().numpy()
+
+
+def llama3_formula(head_dim, base, factor, low, high, original, wavelength_turn=2 * math.pi, swap_bands=False,
+                   multiply=False, swap_gamma=False):
+    """The rescaling in NumPy float64, and (with the options) the usual wrong versions, for diagnoses."""
+    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)
+    wavelength = wavelength_turn / theta
+    scaled = theta * factor if multiply else theta / factor
+    gamma = (original / wavelength - low) / (high - low)
+    if swap_gamma:
+        gamma = 1 - gamma
+    keep, stretch = wavelength < original / high, wavelength > original / low
+    if swap_bands:
+        return np.where(stretch, theta, np.where(keep, scaled, (1 - gamma) * scaled + gamma * theta))
+    return np.where(keep, theta, np.where(stretch, scaled, (1 - gamma) * scaled + gamma * theta))
+
+
+def llama3_diagnoses(case):
+    head_dim, base, factor, low, high, original = case
+    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)
+    return {
+        "the bands are swapped: the short wavelengths (< original_max_position / high_freq_factor) keep their "
+        "frequency, the long ones (> original_max_position / low_freq_factor) are divided by factor.":
+            llama3_formula(*case, swap_bands=True),
+        "your wavelengths lack the 2π: pair i turns a full circle (2π radians) every 2π/θ_i positions, so its "
+        "wavelength is 2π/θ_i, not 1/θ_i.": llama3_formula(*case, wavelength_turn=1.0),
+        "you multiplied by factor: the slow pairs are divided by it, so that they turn factor times slower and "
+        "factor times more positions fit into the angles seen in training.": llama3_formula(*case, multiply=True),
+        "in the band between, γ and 1 − γ are swapped: θ' = (1 − γ)·θ/factor + γ·θ, where γ = 1 at the "
+        "short-wavelength edge (θ kept) and 0 at the long one (θ/factor).": llama3_formula(*case, swap_gamma=True),
+        "you returned RoPE's frequencies θ_i unchanged: rescale the slow pairs.": theta,
+        "you divided every frequency by factor (plain position interpolation): Llama 3.1 keeps the fast pairs "
+        "and blends the ones in between.": theta / factor,
+    }
+
+
+def _expect_llama3_result(result, case):
+    shown = f"{LLAMA3_NAME}{tuple(case)}"
+    expect_shape(result, (case[0] // 2,), shown, "One frequency per pair: head_dim // 2 of them.")
+    if result.dtype != torch.float32:
+        raise AssertionError(f"{shown} returned {result.dtype}: return float32, like transformers (it computes the "
+                             "frequencies in float32). If you computed in NumPy or float64, convert with .float().")
+    return shown
+
+
+def llama3_value_cases(seeds):
+    """(head_dim, base, factor, low_freq_factor, high_freq_factor, original_max_position): fixed ones (one pair
+    only; factors 4 to 32; bands at other places) and two drawn for this run."""
+    rng = seeds.random(1450)
+    cases = [(64, 10000.0, 4.0, 1.0, 4.0, 2048), (96, 1e6, 16.0, 2.0, 8.0, 4096), (2, 10000.0, 8.0, 1.0, 4.0, 8192),
+             (128, 500000.0, 32.0, 1.0, 4.0, 8192)]
+    for _ in range(2):
+        low = round(rng.uniform(0.5, 2.0), 2)
+        cases.append((2 * rng.randint(4, 80), float(f"{math.exp(rng.uniform(math.log(1e3), math.log(2e6))):.4g}"),
+                      round(rng.uniform(1.5, 32.0), 2), low, round(low * rng.uniform(1.5, 8.0), 2),
+                      rng.randint(256, 32768)))
+    return cases
+
+
+@probe
+def stretch_llama3_inv_freq_values(seeds, fn):
+    return [_llama3(fn, case) for case in llama3_value_cases(seeds)]
+
+
+@stretch_llama3_inv_freq_values.judge
+def judge_stretch_llama3_inv_freq_values(seeds, results):
+    for case, result in zip(llama3_value_cases(seeds), results):
+        shown = _expect_llama3_result(result, case)
+        expect_close(result, oracle_llama3_inv_freq(*case), shown,
+                     "θ_i = base^(-2i/head_dim), wavelength λ_i = 2π/θ_i: keep θ_i where λ_i < original/high_freq_factor, "
+                     "θ_i/factor where λ_i > original/low_freq_factor, and in between (1 − γ)·θ_i/factor + γ·θ_i with "
+                     "γ = (original/λ_i − low_freq_factor)/(high_freq_factor − low_freq_factor).",
+                     diagnoses=llama3_diagnoses(case), rtol=LLAMA3_RTOL, atol=0.0)
+
+
+def llama3_band_masks(case):
+    head_dim, base, factor, low, high, original = case
+    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)
+    wavelength = 2 * np.pi / theta
+    return theta, wavelength < original / high, wavelength > original / low
+
+
+def llama3_band_cases(seeds):
+    """Configurations whose three bands all hold several pairs: two fixed, one drawn for this run."""
+    rng = seeds.random(1460)
+    cases = [(128, 500000.0, 16.0, 1.0, 4.0, 4096), (96, 20000.0, 6.0, 0.5, 4.0, 1024)]
+    while len(cases) < 3:
+        low = round(rng.uniform(0.5, 2.0), 2)
+        case = (2 * rng.randint(40, 90), float(f"{math.exp(rng.uniform(math.log(1e4), math.log(1e6))):.4g}"),
+                round(rng.uniform(2.0, 40.0), 2), low, round(low * rng.uniform(3.0, 8.0), 2), rng.randint(256, 16384))
+        _, high_band, low_band = llama3_band_masks(case)
+        if min(high_band.sum(), low_band.sum(), (~high_band & ~low_band).sum()) >= 3:
+            cases.append(case)
+    return cases
+
+
+@probe
+def stretch_llama3_inv_freq_bands(seeds, fn):
+    return [_llama3(fn, case) for case in llama3_band_cases(seeds)]
+
+
+BAND_RTOL = 2e-5  # the kept and divided bands involve no blend: a float32 rounding or two of θ_i
+
+
+@stretch_llama3_inv_freq_bands.judge
+def judge_stretch_llama3_inv_freq_bands(seeds, results):
+    for case, result in zip(llama3_band_cases(seeds), results):
+        shown = _expect_llama3_result(result, case)
+        head_dim, base, factor, low, high, original = case
+        theta, high_band, low_band = llama3_band_masks(case)
+        ratio = to_numpy(result, shown) / theta                                   # θ'_i / θ_i
+        if not np.all(np.isfinite(ratio)):
+            raise AssertionError(f"{shown} contains inf or NaN.")
+        fast = f"the {int(high_band.sum())} pairs with wavelengths shorter than {original}/{high:g} = {original / high:.4g}"
+        if not np.allclose(ratio[high_band], 1.0, rtol=BAND_RTOL, atol=0.0):
+            if np.allclose(ratio[high_band], 1 / factor, rtol=BAND_RTOL, atol=0.0):
+                raise AssertionError(f"{shown}: you divided {fast} by factor: the bands are swapped. Short wavelengths "
+                                     "keep their frequency exactly (they encode local order and turned through every "
+                                     "angle in training).")
+            raise AssertionError(f"{shown}: {fast} must keep their frequency θ_i exactly; yours are θ_i times "
+                                 f"{ratio[high_band].min():.6g} .. {ratio[high_band].max():.6g}.")
+        slow = f"the {int(low_band.sum())} pairs with wavelengths longer than {original}/{low:g} = {original / low:.4g}"
+        if not np.allclose(ratio[low_band], 1 / factor, rtol=BAND_RTOL, atol=0.0):
+            if np.allclose(ratio[low_band], factor, rtol=BAND_RTOL, atol=0.0):
+                raise AssertionError(f"{shown}: you multiplied {slow} by factor={factor:g}: divide them, so that they "
+                                     "turn factor times slower.")
+            raise AssertionError(f"{shown}: {slow} must be divided by factor={factor:g} exactly (θ_i/factor); yours "
+                                 f"are θ_i times {ratio[low_band].min():.6g} .. {ratio[low_band].max():.6g}. Is the "
+                                 "wavelength 2π/θ_i?")
+        middle = ~high_band & ~low_band
+        inside = (ratio[middle] >= (1 / factor) * (1 - BAND_RTOL)) & (ratio[middle] <= 1 + BAND_RTOL)
+        if not inside.all():
+            raise AssertionError(f"{shown}: in the band between, θ'_i/θ_i must lie between 1/factor and 1 (a blend of "
+                                 f"θ_i/factor and θ_i); yours ranges over {ratio[middle].min():.6g} .. "
+                                 f"{ratio[middle].max():.6g}.")
+        rises = np.nonzero(ratio[1:] > ratio[:-1] * (1 + BAND_RTOL))[0]
+        if rises.size:
+            i = int(rises[0])
+            raise AssertionError(f"{shown}: θ'_i/θ_i rises from pair {i} ({ratio[i]:.4g}) to pair {i + 1} "
+                                 f"({ratio[i + 1]:.4g}). It must fall from 1 to 1/factor as the wavelength grows: "
+                                 "γ = 1 at the short-wavelength edge and 0 at the long one, θ' = (1 − γ)·θ/factor + "
+                                 "γ·θ. Did you swap γ and 1 − γ?")

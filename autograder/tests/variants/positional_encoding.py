@@ -6,6 +6,7 @@ PE = "sinusoidal_positional_encoding_answer"
 SHIFT = "relative_shift_matrix_answer"
 LEARNED = "learned_positional_embedding_answer"
 ROPE = "apply_rope_answer"
+LLAMA3 = "llama3_inv_freq_answer"
 
 
 def pe(body):
@@ -18,6 +19,11 @@ def shift(body):
 
 def rope(body):
     return "def apply_rope(q, k, positions=None, base=10000.0):\n" + body
+
+
+def llama3(body):
+    return ("def llama3_inv_freq(head_dim, base, factor, low_freq_factor, high_freq_factor, original_max_position):\n"
+            + body)
 
 
 def learned(init_body, forward_body, base_class="nn.Module"):
@@ -86,6 +92,22 @@ ROPE_ROTATE = """
 """
 ROPE_BOTH = """
     return rotate(q), rotate(k)
+"""
+
+# The pieces of Llama 3.1's rescaling, reused so that each mutant differs from a correct answer by one bug.
+LLAMA3_THETA = """
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+"""
+LLAMA3_WAVELENGTH = """
+    wavelength = 2 * math.pi / inv_freq
+"""
+LLAMA3_BLEND = """
+    gamma = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - gamma) * inv_freq / factor + gamma * inv_freq
+"""
+LLAMA3_BANDS = """
+    return torch.where(wavelength < original_max_position / high_freq_factor, inv_freq,
+                       torch.where(wavelength > original_max_position / low_freq_factor, inv_freq / factor, blended))
 """
 
 MUTANTS = [
@@ -309,6 +331,59 @@ from transformers.models.llama.modeling_llama import rotate_half as _rotate_half
             raise ValueError(f"length {{T}} > max_positions=16")
 """ + LEARNED_TAIL)}, loses=("learned_shapes", "learned_values", "learned_is_trainable", "learned_length_limit"),
         message="shape"),
+    # ---- llama3_inv_freq (optional stretch)
+    # The blend is right, but the fast pairs are divided and the slow ones kept.
+    Variant("llama3_bands_swapped", {LLAMA3: llama3(LLAMA3_THETA + LLAMA3_WAVELENGTH + LLAMA3_BLEND + """
+    return torch.where(wavelength > original_max_position / low_freq_factor, inv_freq,
+                       torch.where(wavelength < original_max_position / high_freq_factor, inv_freq / factor, blended))
+""")}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"), message="bands swapped"),
+    # A wavelength of 1/θ: the bands sit 2π too far towards the slow pairs.
+    Variant("llama3_wavelength_without_2pi", {LLAMA3: llama3(LLAMA3_THETA + """
+    wavelength = 1 / inv_freq
+""" + LLAMA3_BLEND + LLAMA3_BANDS)}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"),
+        message="not 1/θ_i"),
+    Variant("llama3_multiplies_by_factor", {LLAMA3: llama3(LLAMA3_THETA + LLAMA3_WAVELENGTH + """
+    gamma = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - gamma) * inv_freq * factor + gamma * inv_freq
+    return torch.where(wavelength < original_max_position / high_freq_factor, inv_freq,
+                       torch.where(wavelength > original_max_position / low_freq_factor, inv_freq * factor, blended))
+""")}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"), message="multiplied by factor"),
+    Variant("llama3_blend_weights_swapped", {LLAMA3: llama3(LLAMA3_THETA + LLAMA3_WAVELENGTH + """
+    gamma = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = gamma * inv_freq / factor + (1 - gamma) * inv_freq
+""" + LLAMA3_BANDS)}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"),
+        message="swap γ and 1 − γ"),
+    # Plain position interpolation: every frequency divided.
+    Variant("llama3_divides_every_frequency", {LLAMA3: llama3(LLAMA3_THETA + """
+    return inv_freq / factor
+""")}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"), message="divided by factor"),
+    Variant("llama3_float64", {LLAMA3: llama3("""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+""" + LLAMA3_WAVELENGTH + LLAMA3_BLEND + LLAMA3_BANDS)}, loses=("stretch_llama3_inv_freq_values",
+                                                                   "stretch_llama3_inv_freq_bands"), message="float32"),
+    # The boundaries (< or <=) cannot be told apart: the blend equals θ at L/h and θ/factor at L/l. So no mutant.
+    # Hard-coding the visible example (Llama 3.1's settings) must earn nothing: the hidden tests use others.
+    Variant("llama3_hard_coded_visible_answer", {LLAMA3: llama3("""
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128)
+    wavelength = 2 * math.pi / inv_freq
+    gamma = (8192 / wavelength - 1.0) / (4.0 - 1.0)
+    blended = (1 - gamma) * inv_freq / 8.0 + gamma * inv_freq
+    return torch.where(wavelength < 2048, inv_freq, torch.where(wavelength > 8192, inv_freq / 8.0, blended))
+""")}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"), message="shape"),
+    # transformers' llama3 initialisation under the hood: refused and flagged.
+    Variant("llama3_calls_transformers", {LLAMA3: """
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as _INIT
+
+
+""" + llama3("""
+    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+                         max_position_embeddings=int(factor * original_max_position) + 1,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": base, "factor": factor,
+                                          "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
+                                          "original_max_position_embeddings": original_max_position})
+    return _INIT["llama3"](config, None)[0]
+""")}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"), message="flagged for review"),
 ]
 
 
@@ -431,6 +506,32 @@ ALTERNATIVES = [
             return rows
         return rows[None].expand(len(ids_or_length), -1, -1)
 """, base_class="nn.Embedding")}),
+    # ---- llama3_inv_freq (optional stretch)
+    Variant("llama3_torch_where_with_edges_in_the_bands", {LLAMA3: llama3(LLAMA3_THETA + LLAMA3_WAVELENGTH + LLAMA3_BLEND + """
+    return torch.where(wavelength <= original_max_position / high_freq_factor, inv_freq,
+                       torch.where(wavelength >= original_max_position / low_freq_factor, inv_freq / factor, blended))
+""")}),
+    Variant("llama3_loop_over_pairs", {LLAMA3: llama3("""
+    out = []
+    for i in range(head_dim // 2):
+        theta = base ** (-2 * i / head_dim)
+        wavelength = 2 * math.pi / theta
+        if wavelength < original_max_position / high_freq_factor:
+            out.append(theta)
+        elif wavelength > original_max_position / low_freq_factor:
+            out.append(theta / factor)
+        else:
+            gamma = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append((1 - gamma) * theta / factor + gamma * theta)
+    return torch.tensor(out, dtype=torch.float32)
+""")}),
+    # NumPy float64, the blend weight clipped to [0, 1] (1 gives θ, 0 gives θ/factor), converted at the end.
+    Variant("llama3_numpy_clipped_blend", {LLAMA3: "import numpy as np\n\n" + llama3("""
+    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)
+    gamma = np.clip((original_max_position * theta / (2 * np.pi) - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor), 0.0, 1.0)
+    return torch.from_numpy((1 - gamma) * theta / factor + gamma * theta).float()
+""")}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
         PE: pe(WARN_AND_PRINT + ODD_CHECK + ANGLES + INTERLEAVE + """
