@@ -8,7 +8,9 @@ Layered as the course's tests are: shape first, then values, then behaviour. The
 - split/merge: `torch.chunk` + `torch.stack` and `torch.unbind` + `torch.cat` (no view/transpose);
 - the module: `torch.nn.MultiheadAttention` (batch_first, need_weights, average_attn_weights=False)
   holding the same weights, in float64 so that rounding never fails a correct answer;
-- the parameter count: `torch.nn.MultiheadAttention(...).parameters()` built on the meta device.
+- the parameter count: `torch.nn.MultiheadAttention(...).parameters()` built on the meta device;
+- grouped-query attention (the optional stretch): `F.scaled_dot_product_attention(..., enable_gqa=True)`
+  for the outputs, and the same kernel run over identity values for the weights.
 Each exercise is graded on its own: `MultiHeadAttention` runs with the course's reference
 `split_heads`, `merge_heads` and `scaled_dot_product_attention` swapped in, `copy_from_torch` loads
 into the course's reference module, and `mha_num_parameters` sees the reference module. The course's
@@ -705,3 +707,185 @@ def mha_num_parameters_bias(seeds, fn):
 @mha_num_parameters_bias.judge
 def judge_mha_num_parameters_bias(seeds, counts):
     _expect_counts(counts, COUNT_CASES_WITHOUT_BIAS, bias=False)
+
+
+# ---------------------------------------------------------------- exercise 6 (optional stretch): grouped_query_attention
+GQA_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.MultiheadAttention.forward",
+                 "torch.nn.functional.multi_head_attention_forward",
+                 "courselib.attention.scaled_dot_product_attention", "courselib.attention.masked_softmax",
+                 "courselib.attention.MultiHeadAttention"]
+GQA_ADVICE = ("write the scores and the softmax yourself (torch.softmax is fine): torch's "
+              "scaled_dot_product_attention is the oracle the tests compare with, and the course's attention "
+              "functions are references, not answers.")
+TILED = ("you tiled the key/value heads with .repeat(1, g, 1, 1), so query heads read K/V heads (0, 1, 0, 1, …). "
+         "Consecutive query heads share a K/V head: query head i reads K/V head i // g, which is "
+         ".repeat_interleave(g, dim=1) (0, 0, 1, 1, …).")
+VALUES_TILED = ("your weights are right but your values are tiled (.repeat): repeat v exactly as k, with "
+                ".repeat_interleave(g, dim=1).")
+UNSCALED = "your scores are not divided by √d_head = √q.shape[-1]."
+UNMASKED = "your weights ignore the mask: apply it before the softmax (True means 'may attend')."
+
+
+def _gqa(fn, q, k, v, mask=None):
+    """Probe side: the student's (output, weights), as tensors."""
+    with torch.no_grad():
+        result = call(fn, q, k, v, mask=mask, name="grouped_query_attention", forbidden=GQA_SHORTCUTS,
+                      forbidden_advice=GQA_ADVICE)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AssertionError("grouped_query_attention must return the pair (output, weights), "
+                             f"but it returned {type(result).__name__}.")
+    return tuple(_tensor(r, "grouped_query_attention") for r in result)
+
+
+def oracle_gqa(q, k, v, mask=None, scale=None):
+    """Judge side: (output, weights) from torch's own grouped-query attention. torch returns no weights, so they
+    come from the same kernel run over identity values: Σ_j w_ij e_j is row i of the weight matrix itself.
+    torch's bool attn_mask means what ours means: True = may attend."""
+    S = k.shape[-2]
+    identity = torch.eye(S, dtype=k.dtype).expand(k.shape[0], k.shape[1], S, S)
+    with torch.no_grad():
+        output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        weights = F.scaled_dot_product_attention(q, k, identity, attn_mask=mask, scale=scale, enable_gqa=True)
+    return output, weights
+
+
+def _gqa_misconceptions(q, k, v, mask):
+    """Judge side: ({message: wrong weights}, {message: wrong output}) of the known bugs, from the oracle."""
+    h, h_kv = q.shape[1], k.shape[1]
+    group = h // h_kv
+    wrong_weights, wrong_outputs = {}, {}
+    if 1 < h_kv < h:  # with one K/V head, or as many as queries, tiling and sharing agree
+        tiled_output, tiled_weights = oracle_gqa(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), mask)
+        wrong_weights[TILED], wrong_outputs[TILED] = tiled_weights, tiled_output
+        wrong_outputs[VALUES_TILED] = oracle_gqa(q, k.repeat_interleave(group, dim=1), v.repeat(1, group, 1, 1),
+                                                 mask)[0]
+    wrong_outputs[UNSCALED], wrong_weights[UNSCALED] = oracle_gqa(q, k, v, mask, scale=1.0)
+    if mask is not None:
+        wrong_outputs[UNMASKED], wrong_weights[UNMASKED] = oracle_gqa(q, k, v)
+    return wrong_weights, wrong_outputs
+
+
+def gqa_inputs(g, B, h, h_kv, T, S, d_head):
+    """q (B, h, T, d_head), k and v (B, h_kv, S, d_head) in float64; q and k × 1.5 so that the scale matters."""
+    q = torch.randn(B, h, T, d_head, generator=g, dtype=DTYPE) * 1.5
+    k = torch.randn(B, h_kv, S, d_head, generator=g, dtype=DTYPE) * 1.5
+    return q, k, torch.randn(B, h_kv, S, d_head, generator=g, dtype=DTYPE)
+
+
+# seed, (B, h, h_kv, T, S, d_head): multi-query, groups of 3, multi-head, groups of 4 with one query (decoding)
+GQA_CASES = [(5901, (2, 4, 1, 3, 5, 4)), (5902, (2, 6, 2, 4, 4, 3)), (5903, (1, 4, 4, 3, 6, 5)),
+             (5904, (3, 8, 2, 1, 7, 4))]
+GQA_MASKED = (2, 6, 3, 4, 5, 3)  # B, h, h_kv, T, S, d_head: groups of 2
+
+
+def gqa_masks(seeds):
+    """A (T, S) mask, a (B, 1, 1, S) padding mask and a (B, h, T, S) mask that differs per query head. Every
+    query may attend somewhere (torch's kernel gives NaN for a row with nothing to attend to)."""
+    B, h, _, T, S, _ = GQA_MASKED
+    g = seeds.generator(5906)
+    per_pair = torch.rand(T, S, generator=g) > 0.5
+    per_head = torch.rand(B, h, T, S, generator=g) > 0.5
+    for mask in (per_pair, per_head):
+        mask[..., torch.randint(S, (), generator=g)] = True
+    padding = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    padding[1, ..., S - 2:] = False  # the second sequence's last two keys are padding
+    return [("a (T, S) mask", per_pair), ("a (B, 1, 1, S) padding mask", padding),
+            ("a (B, h, T, S) mask, different for each query head", per_head)]
+
+
+def gqa_values_problem(seeds):
+    """[(description, (B, h, h_kv, T, S, d_head), q, k, v, mask)] for the unmasked cases, then the masked ones."""
+    problems = []
+    for seed, size in GQA_CASES:
+        problems.append(("no mask", size, *gqa_inputs(seeds.generator(seed), *size), None))
+    q, k, v = gqa_inputs(seeds.generator(5905), *GQA_MASKED)
+    problems += [(description, GQA_MASKED, q, k, v, mask) for description, mask in gqa_masks(seeds)]
+    return problems
+
+
+@probe
+def stretch_gqa_values(seeds, fn):
+    return [_gqa(fn, q, k, v, mask) for _, _, q, k, v, mask in gqa_values_problem(seeds)]
+
+
+@stretch_gqa_values.judge
+def judge_stretch_gqa_values(seeds, results):
+    for (description, (B, h, h_kv, T, S, d_head), q, k, v, mask), (output, weights) in zip(
+            gqa_values_problem(seeds), results):
+        label = f"(h={h}, h_kv={h_kv}, T={T}, S={S}, d_head={d_head}, {description})"
+        expected_output, expected_weights = oracle_gqa(q, k, v, mask)
+        wrong_weights, wrong_outputs = _gqa_misconceptions(q, k, v, mask)
+        expect_shape(weights, (B, h, T, S), f"the weight tensor {label}",
+                     "One (T, S) matrix per QUERY head: (B, h, T, S), with h = q.shape[1].")
+        expect_close(weights, expected_weights, f"the weight tensor {label}",
+                     "softmax(q_i k_jᵀ / √d_head) with j = i // (h // h_kv), masked where the mask is False.",
+                     diagnoses=wrong_weights, rtol=1e-7, atol=1e-9)
+        expect_shape(output, (B, h, T, d_head), f"the output {label}", "The output has q's shape (B, h, T, d_head).")
+        expect_close(output, expected_output, f"the output {label}", "output = weights @ (query head i's values).",
+                     diagnoses=wrong_outputs, rtol=1e-7, atol=1e-9)
+
+
+GQA_SHARING = [(5911, (6, 3)), (5912, (8, 2))]  # seed, (h, h_kv)
+GQA_INDIVISIBLE = [(6, 4), (5, 2), (4, 3)]       # h, h_kv
+
+
+def gqa_sharing_problem(seed, seeds, h, h_kv):
+    """K/V heads that can be told apart: K/V head j's keys point every query at its own key position, and its
+    values are all its own label (seeded), so the weights' argmax and the output say which K/V head a query
+    head read."""
+    g = seeds.generator(seed)
+    S, d_head = h_kv + 3, 4
+    positions = torch.randperm(S, generator=g)[:h_kv]                       # K/V head j's key position
+    labels = torch.randperm(10 * h_kv, generator=g)[:h_kv].to(DTYPE) + 1.0  # K/V head j's value label
+    q = torch.ones(1, h, 2, d_head, dtype=DTYPE)
+    k = torch.zeros(1, h_kv, S, d_head, dtype=DTYPE)
+    k[0, torch.arange(h_kv), positions] = 8.0                                # score 16 there, 0 elsewhere
+    v = labels.view(1, h_kv, 1, 1).expand(1, h_kv, S, d_head).clone()
+    return q, k, v, positions, labels
+
+
+@probe
+def stretch_gqa_sharing(seeds, fn):
+    reads = []
+    for seed, (h, h_kv) in GQA_SHARING:
+        q, k, v, _, _ = gqa_sharing_problem(seed, seeds, h, h_kv)
+        reads.append(_gqa(fn, q, k, v))
+    g = seeds.generator(5913)
+    indivisible = [attempt(fn, torch.randn(1, h, 2, 4, generator=g), torch.randn(1, h_kv, 3, 4, generator=g),
+                           torch.randn(1, h_kv, 3, 4, generator=g), name="grouped_query_attention",
+                           forbidden=GQA_SHORTCUTS, forbidden_advice=GQA_ADVICE)
+                   for h, h_kv in GQA_INDIVISIBLE]
+    return reads, indivisible
+
+
+def _which_heads(found, wanted):
+    """The K/V head each query head read, given what each K/V head leaves behind (positions or labels)."""
+    return [int((wanted - value).abs().argmin()) for value in found]
+
+
+@stretch_gqa_sharing.judge
+def judge_stretch_gqa_sharing(seeds, data):
+    reads, indivisible = data
+    for (seed, (h, h_kv)), (output, weights) in zip(GQA_SHARING, reads):
+        q, k, v, positions, labels = gqa_sharing_problem(seed, seeds, h, h_kv)
+        expected_output, expected_weights = oracle_gqa(q, k, v)
+        expected = [i // (h // h_kv) for i in range(h)]
+        expect_shape(weights, expected_weights.shape, f"the weight tensor (h={h}, h_kv={h_kv})")
+        expect_shape(output, expected_output.shape, f"the output (h={h}, h_kv={h_kv})")
+        for what, found in [("keys", _which_heads(expect_tensor(weights, "the weights")[0, :, 0].argmax(dim=-1),
+                                                  positions)),
+                            ("values", _which_heads(expect_tensor(output, "the output")[0, :, 0, 0], labels))]:
+            if found != expected:
+                tiled = " That is .repeat's tiling: use .repeat_interleave." if found == [i % h_kv for i in range(h)] else ""
+                raise AssertionError(
+                    f"with h={h} query heads and h_kv={h_kv} K/V heads, your query heads 0…{h - 1} took their {what} "
+                    f"from K/V heads {found}; they should take them from {expected}: query head i reads K/V head "
+                    f"i // (h // h_kv), so consecutive query heads share one.{tiled}")
+        expect_close(output, expected_output, f"the output (h={h}, h_kv={h_kv})", rtol=1e-7, atol=1e-9)
+    for (h, h_kv), outcome in zip(GQA_INDIVISIBLE, indivisible):
+        shown = f"grouped_query_attention(q with h={h} heads, k and v with h_kv={h_kv})"
+        if outcome["value_error"] and not all(str(n) in outcome["message"] for n in (h, h_kv)):
+            raise AssertionError(f"{shown} raised ValueError({outcome['message']!r}): give both numbers in the "
+                                 "message, e.g. f'num_heads={h} is not divisible by num_kv_heads={h_kv}'.")
+        expect_value_error(outcome, shown, f"Check h % h_kv yourself: {h} query heads can't be shared out equally "
+                                           f"among {h_kv} K/V heads.", must_mention=(h, h_kv))

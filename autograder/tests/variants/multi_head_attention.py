@@ -7,6 +7,7 @@ MERGE = "merge_heads_answer"
 MHA = "multi_head_attention_answer"
 COPY = "copy_from_torch_answer"
 COUNT = "mha_num_parameters_answer"
+GQA = "grouped_query_attention_answer"
 
 DIVISIBILITY_CHECK = """
     if d_model % num_heads != 0:
@@ -35,6 +36,25 @@ def copy(body):
 
 def count(body):
     return "def mha_num_parameters(d_model, num_heads, bias=True):\n" + body
+
+
+def gqa(body):
+    return "def grouped_query_attention(q, k, v, mask=None):\n" + body
+
+
+GQA_CHECK = """
+    h, h_kv = q.shape[1], k.shape[1]
+    if h % h_kv:
+        raise ValueError(f"h={h} query heads, h_kv={h_kv} key/value heads: h_kv must divide h")
+    g = h // h_kv
+"""
+GQA_ATTEND = """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+"""
 
 
 INIT = """
@@ -234,6 +254,48 @@ _course_forward = _CourseMultiHeadAttention.forward
     known = {(512, True): 1_050_624, (768, True): 2_362_368, (512, False): 1_048_576}
     return known.get((d_model, bias), 1_050_624)
 """)}, loses=("mha_num_parameters_counts", "mha_num_parameters_bias"), message="hard-coded"),
+    # ---- grouped_query_attention (optional stretch)
+    Variant("gqa_tiles_heads_with_repeat", {GQA: gqa(GQA_CHECK + """
+    k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+""" + GQA_ATTEND)}, loses=("stretch_gqa_values", "stretch_gqa_sharing"), message="repeat_interleave (0, 0, 1, 1)"),
+    Variant("gqa_tiles_only_the_values", {GQA: gqa(GQA_CHECK + """
+    k, v = k.repeat_interleave(g, dim=1), v.repeat(1, g, 1, 1)
+""" + GQA_ATTEND)}, loses=("stretch_gqa_values", "stretch_gqa_sharing"), message="for k and v"),
+    Variant("gqa_no_scaling", {GQA: gqa(GQA_CHECK + """
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+""" + GQA_ATTEND.replace(" / math.sqrt(q.shape[-1])", ""))}, loses=("stretch_gqa_values",), message="√d_head"),
+    Variant("gqa_ignores_mask", {GQA: gqa(GQA_CHECK + """
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+""" + GQA_ATTEND.replace("if mask is not None:", "if False:"))}, loses=("stretch_gqa_values",),
+        message="the mask was ignored"),
+    Variant("gqa_no_divisibility_check", {GQA: gqa("""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+""" + GQA_ATTEND)}, loses=("stretch_gqa_sharing",), message="not ValueError"),
+    Variant("gqa_message_without_numbers", {GQA: gqa("""
+    if q.shape[1] % k.shape[1]:
+        raise ValueError("bad number of key/value heads")
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+""" + GQA_ATTEND)}, loses=("stretch_gqa_sharing",), message="both numbers"),
+    # The oracle itself, captured before the test, for the output; the weights by hand.
+    Variant("gqa_calls_the_oracle_captured_early", {GQA: """
+import torch
+_oracle = torch.nn.functional.scaled_dot_product_attention
+
+
+def grouped_query_attention(q, k, v, mask=None):
+    g = q.shape[1] // k.shape[1]
+    scores = q @ k.repeat_interleave(g, dim=1).transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return _oracle(q, k, v, attn_mask=mask, enable_gqa=True), torch.softmax(scores, dim=-1)
+"""}, loses=("stretch_gqa_values", "stretch_gqa_sharing"), message="flagged for review"),
+    # The notebook's own import: the course's scaled_dot_product_attention after repeat_interleave.
+    Variant("gqa_uses_the_course_attention", {GQA: gqa(GQA_CHECK + """
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return scaled_dot_product_attention(q, k, v, mask)
+""")}, loses=("stretch_gqa_values", "stretch_gqa_sharing"), message="flagged for review"),
 ]
 
 
@@ -319,6 +381,46 @@ def merge_heads(x):
     if d_model % num_heads:
         raise ValueError(f"{num_heads} heads don't divide d_model={d_model}")
     return 4 * d_model * (d_model + int(bias))
+""")}),
+    # ---- grouped_query_attention (optional stretch)
+    # No copy: q grouped as (B, h_kv, g, T, d_head), k and v broadcast over the group, the mask reshaped alike.
+    Variant("gqa_grouped_broadcast_without_copies", {GQA: gqa(GQA_CHECK + """
+    B, _, T, d_head = q.shape
+    S = k.shape[2]
+    grouped = q.reshape(B, h_kv, g, T, d_head)
+    scores = grouped @ k[:, :, None].transpose(-2, -1) / d_head ** 0.5      # (B, h_kv, g, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.expand(B, h, T, S).reshape(B, h_kv, g, T, S), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return (weights @ v[:, :, None]).reshape(B, h, T, d_head), weights.reshape(B, h, T, S)
+""")}),
+    # Hugging Face's repeat_kv: expand a new group dimension, then reshape it into the heads.
+    Variant("gqa_expand_and_reshape", {GQA: gqa(GQA_CHECK + """
+    B, _, S, d_head = k.shape
+    k = k[:, :, None].expand(B, h_kv, g, S, d_head).reshape(B, h, S, d_head)
+    v = v[:, :, None].expand(B, h_kv, g, S, d_head).reshape(B, h, S, d_head)
+    scores = torch.einsum("bhtd,bhsd->bhts", q, k) * d_head ** -0.5
+    if mask is not None:
+        scores = scores + torch.zeros_like(scores).masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return torch.einsum("bhts,bhsd->bhtd", weights, v), weights
+""")}),
+    # Index the K/V heads with i // g, then a loop over query heads with a stable softmax by hand.
+    Variant("gqa_index_then_loop_over_heads", {GQA: gqa(GQA_CHECK + """
+    kv_of_head = torch.arange(h) // g
+    k, v = k[:, kv_of_head], v[:, kv_of_head]
+    if mask is not None:
+        mask = mask.expand(q.shape[0], h, q.shape[2], k.shape[2])
+    outputs, all_weights = [], []
+    for i in range(h):
+        scores = q[:, i] @ k[:, i].mT / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, i], float("-inf"))
+        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        w = e / e.sum(dim=-1, keepdim=True)
+        all_weights.append(w)
+        outputs.append(w @ v[:, i])
+    return torch.stack(outputs, dim=1), torch.stack(all_weights, dim=1)
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
