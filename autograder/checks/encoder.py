@@ -4,7 +4,8 @@ Each has a probe (in the student's kernel: build the student's module, load weig
 run it on seeded inputs, return what came out) and a judge (in the grader: rebuild the same weights
 and inputs, run the oracle, compare, name the misconception). Layered as the course's tests are:
 shape and structure first, then values against independent oracles (`torch.nn.LayerNorm`,
-`torch.nn.TransformerEncoderLayer`, `transformers.BertModel`, all run by the judges only), then
+`torch.nn.TransformerEncoderLayer`, `transformers.BertModel`, and for the optional stretch
+`transformers`' `LlamaRMSNorm` and `LlamaMLP`, all run by the judges only), then
 behaviour (padding, position-wise, training accuracy).
 
 Weights are drawn from the seeds by parameter name (`seeded_weights`), in an order the check fixes,
@@ -1140,10 +1141,273 @@ def judge_classifier_accuracy(seeds, logits, threshold=0.95):
                              "first; otherwise train again.")
 
 
+# ---------------------------------------------------------------- exercise 7 (optional stretch): RMSNorm, SwiGLUFeedForward
+# The oracles are transformers' Llama modules, run by the judges only: LlamaRMSNorm (eps inside the square root,
+# computed in float32 whatever the input's dtype, cast back before the gain) and LlamaMLP (bias-free gate_proj,
+# up_proj, down_proj with SiLU on the gate). The probes load the check's weights into the student's modules by
+# those names and return outputs and state_dicts; the judges load the same weights into the Llama modules.
+HF_LLAMA = "transformers.models.llama.modeling_llama"
+RMS_NORM_SHORTCUTS = ["torch.nn.functional.rms_norm", "torch.rms_norm", "torch.nn.RMSNorm", f"{HF_LLAMA}.LlamaRMSNorm",
+                      "courselib.blocks.LayerNorm", f"{__name__}.ReferenceLayerNorm"]
+RMS_NORM_ADVICE = ("compute the root mean square yourself; LlamaRMSNorm (and torch's rms_norm) is the oracle here, "
+                   "not the answer.")
+SWIGLU_SHORTCUTS = [f"{HF_LLAMA}.LlamaMLP", "courselib.blocks.FeedForward", f"{__name__}.ReferenceFeedForward"]
+SWIGLU_ADVICE = ("apply gate_proj, up_proj, SiLU and down_proj yourself; transformers' LlamaMLP is the oracle here, "
+                 "not the answer (F.silu is allowed).")
+SWIGLU_NAMES = "three bias-free nn.Linear named `gate_proj`, `up_proj` (d_model -> d_ff) and `down_proj` (d_ff -> d_model)"
+
+
+def _no_transformers_inside(module, owner):
+    """Refuse a module built from transformers' (a LlamaRMSNorm inside, or a subclass of Qwen2MLP...)."""
+    for name, part in module.named_modules():
+        taken = next((cls for cls in type(part).__mro__ if cls.__module__.startswith("transformers.")), None)
+        if taken is not None:
+            where = f"{owner}.{name}" if name else owner
+            raise AssertionError(f"{where} is built from transformers' {taken.__name__}: the exercise asks you to "
+                                 "write it yourself (transformers' Llama modules are what it is compared with).")
+
+
+def _rms_norm(RMSNorm, d_model, *eps):
+    name = f"RMSNorm({', '.join(map(str, (d_model, *eps)))})"
+    norm = build(RMSNorm, d_model, *eps, name=name, forbidden=RMS_NORM_SHORTCUTS, advice=RMS_NORM_ADVICE)
+    _no_transformers_inside(norm, "RMSNorm")
+    return norm
+
+
+def _swiglu(SwiGLUFeedForward, d_model, d_ff):
+    ffn = build(SwiGLUFeedForward, d_model, d_ff, name=f"SwiGLUFeedForward({d_model}, {d_ff})",
+                forbidden=SWIGLU_SHORTCUTS, advice=SWIGLU_ADVICE)
+    _no_transformers_inside(ffn, "SwiGLUFeedForward")
+    return ffn
+
+
+def _run_rms_norm(norm, x):
+    before = x.clone()
+    out = run(norm, x, name="RMSNorm.forward", forbidden=RMS_NORM_SHORTCUTS, advice=RMS_NORM_ADVICE)
+    if not torch.equal(x, before):
+        raise AssertionError("RMSNorm changed its input in place; the residual connection still needs the original x.")
+    return out
+
+
+def _run_swiglu(ffn, x):
+    return run(ffn, x, name="SwiGLUFeedForward.forward", forbidden=SWIGLU_SHORTCUTS, advice=SWIGLU_ADVICE)
+
+
+def _state(module):
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def swiglu_weight_shapes(d_model, d_ff):
+    return [("gate_proj.weight", (d_ff, d_model)), ("up_proj.weight", (d_ff, d_model)),
+            ("down_proj.weight", (d_model, d_ff))]
+
+
+def llama_rms_norm(weight, eps):
+    """The oracle: transformers' LlamaRMSNorm holding `weight`, in weight's dtype."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    oracle = LlamaRMSNorm(weight.shape[0], eps=eps).to(weight.dtype)
+    oracle.load_state_dict({"weight": weight})
+    return oracle
+
+
+def llama_mlp(weights):
+    """The oracle: transformers' LlamaMLP (SiLU, no biases) holding `weights`, in their dtype."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    d_ff, d_model = weights["gate_proj.weight"].shape
+    config = LlamaConfig(hidden_size=d_model, intermediate_size=d_ff, num_attention_heads=1, hidden_act="silu",
+                         mlp_bias=False)
+    with torch.random.fork_rng(devices=[]):
+        oracle = LlamaMLP(config).to(weights["gate_proj.weight"].dtype)
+    oracle.load_state_dict(weights)
+    return oracle
+
+
+def rms_norm_diagnoses(x, weight, eps):
+    mean_square = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return {
+        "you subtracted the mean: that is LayerNorm. RMSNorm does not centre x, it only divides by the root mean "
+        "square sqrt(mean(x²) + eps).": centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
+        "eps is outside the square root: RMSNorm divides by sqrt(mean(x²) + eps), not by sqrt(mean(x²)) + eps.":
+            x / (mean_square.sqrt() + eps) * weight,
+        "you divided by the norm, sqrt(sum(x²)), not the root MEAN square: average the squares over the d features.":
+            x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight,
+        "you divided by the mean square, not by its square root.": x / (mean_square + eps) * weight,
+        "you forgot the learned gain: multiply by self.weight.": x / torch.sqrt(mean_square + eps),
+    }
+
+
+def swiglu_diagnoses(weights, x):
+    gate = x @ weights["gate_proj.weight"].T
+    up = x @ weights["up_proj.weight"].T
+    down = lambda h: h @ weights["down_proj.weight"].T  # noqa: E731
+    return {
+        "the SiLU is on up_proj: it belongs on gate_proj, down_proj(silu(gate_proj(x)) * up_proj(x)). The two "
+        "projections are not interchangeable once the weights are loaded by name.": down(F.silu(up) * gate),
+        "you used ReLU; Llama's SwiGLU uses SiLU, x·sigmoid(x) (F.silu).": down(F.relu(gate) * up),
+        "you used GELU (that is GEGLU); Llama's SwiGLU uses SiLU, x·sigmoid(x) (F.silu).": down(F.gelu(gate) * up),
+        "the SiLU is applied to the product; apply it to gate_proj(x) alone, then multiply by up_proj(x).":
+            down(F.silu(gate * up)),
+        "up_proj is missing: multiply silu(gate_proj(x)) by up_proj(x) before down_proj.": down(F.silu(gate)),
+    }
+
+
+# (shape of x, dtype, eps, offset, spread): rows with a mean far from 0, where centring would show
+RMS_MATCH_CASES = [((3, 7, 12), torch.float64, 1e-6, 1.5, 2.0), ((5, 12), torch.float32, 1e-5, -0.8, 1.0),
+                   ((2, 2, 3, 12), torch.float32, 1e-6, 0.5, 3.0)]
+# (shape of x, dtype, d_ff)
+SWIGLU_MATCH_CASES = [((3, 5, 12), torch.float64, 32), ((7, 12), torch.float32, 20)]
+
+
+def rms_swiglu_match_cases(seeds):
+    g = seeds.generator(7701)
+    norms = []
+    for shape, dtype, eps, offset, spread in RMS_MATCH_CASES:
+        weight = seeded_weights(g, [("norm.weight", (shape[-1],))], norm_noise=0.5)["norm.weight"].to(dtype)
+        norms.append((shape, dtype, eps, weight, (offset + spread * torch.randn(*shape, generator=g,
+                                                                                  dtype=torch.float64)).to(dtype)))
+    ffns = []
+    for shape, dtype, d_ff in SWIGLU_MATCH_CASES:
+        weights = seeded_weights(g, swiglu_weight_shapes(shape[-1], d_ff), scale=2.0)
+        ffns.append((shape, dtype, {name: w.to(dtype) for name, w in weights.items()},
+                     torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)))
+    return norms, ffns
+
+
+@probe
+def stretch_rmsnorm_swiglu_match_llama(seeds, RMSNorm, SwiGLUFeedForward):
+    norms, ffns = rms_swiglu_match_cases(seeds)
+    norm_results, ffn_results = [], []
+    for shape, dtype, eps, weight, x in norms:
+        norm = load_weights(_rms_norm(RMSNorm, shape[-1], eps).to(dtype), {"weight": weight}, "RMSNorm",
+                            "one parameter, `weight`, of shape (d_model,)")
+        norm_results.append({"output": _run_rms_norm(norm, x), "state": _state(norm)})
+    for shape, dtype, weights, x in ffns:
+        ffn = load_weights(_swiglu(SwiGLUFeedForward, shape[-1], weights["gate_proj.weight"].shape[0]).to(dtype),
+                           weights, "SwiGLUFeedForward", SWIGLU_NAMES)
+        ffn_results.append({"output": _run_swiglu(ffn, x), "state": _state(ffn)})
+    return norm_results, ffn_results
+
+
+def _expect_state(state, expected, owner, hint):
+    if set(state) != set(expected):
+        extra = sorted(set(state) - set(expected))
+        raise AssertionError(f"{owner}'s state_dict holds {sorted(state)}, expected exactly {sorted(expected)}"
+                             + (f" ({', '.join(extra)} should not be there). " if extra else ". ") + hint)
+    for name, value in expected.items():
+        ours = expect_tensor(state[name], f"{owner}.{name}")
+        if ours.shape != value.shape or not torch.equal(ours.to(value.dtype), value):
+            raise AssertionError(f"{owner}.{name} does not hold the weights the test loaded into it; don't "
+                                 "copy or re-create parameters in forward.")
+
+
+def _expect_dtype(out, dtype, name):
+    if expect_tensor(out, name).dtype != dtype:
+        raise AssertionError(f"{name} is {out.dtype} for a {dtype} input: return the input's dtype, as the Llama "
+                             "modules do (LlamaRMSNorm computes in float32 and casts back).")
+
+
+@stretch_rmsnorm_swiglu_match_llama.judge
+def judge_stretch_rmsnorm_swiglu_match_llama(seeds, data):
+    norm_results, ffn_results = data
+    norms, ffns = rms_swiglu_match_cases(seeds)
+    # LlamaRMSNorm computes in float32 even for a float64 input: float32's tolerance for every case.
+    for (shape, dtype, eps, weight, x), result in zip(norms, norm_results):
+        _expect_state(result["state"], {"weight": weight}, "RMSNorm",
+                      "RMSNorm has one learned gain, `weight`, and no bias (no β).")
+        name = f"RMSNorm(d_model={shape[-1]}, eps={eps:g}) of a {dtype} {shape} input"
+        with torch.no_grad():
+            expected = llama_rms_norm(weight, eps)(x)
+        expect_close(result["output"], expected, name, rtol=1e-5, atol=1e-6,
+                     diagnoses=rms_norm_diagnoses(x.double(), weight.double(), eps))
+        _expect_dtype(result["output"], dtype, name)
+    for (shape, dtype, weights, x), result in zip(ffns, ffn_results):
+        _expect_state(result["state"], weights, "SwiGLUFeedForward",
+                      "Llama's feed-forward has no biases: nn.Linear(..., bias=False) for all three.")
+        name = f"SwiGLUFeedForward({shape[-1]}, {weights['gate_proj.weight'].shape[0]}) of a {dtype} {shape} input"
+        with torch.no_grad():
+            expected = llama_mlp(weights)(x)
+        tolerance = dict(rtol=1e-7, atol=1e-8) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+        expect_close(result["output"], expected, name, **tolerance,
+                     diagnoses=swiglu_diagnoses({k: w.double() for k, w in weights.items()}, x.double()))
+        _expect_dtype(result["output"], dtype, name)
+
+
+# (eps, scale of x): mean squares near eps, where its place shows
+RMS_EPS_CASES = [(0.5, 1.0), (1e-3, 0.03)]
+RMS_DEFAULT_SCALE = 1e-3  # mean square 1e-6: only the default eps=1e-6 gives Llama's output
+
+
+def rms_swiglu_structure_cases(seeds):
+    g = seeds.generator(7702)
+    eps_cases = [(eps, scale * torch.randn(4, 8, generator=g, dtype=torch.float64)) for eps, scale in RMS_EPS_CASES]
+    return eps_cases, RMS_DEFAULT_SCALE * torch.randn(3, 8, generator=g, dtype=torch.float64)
+
+
+SWIGLU_STRUCTURE_DIMS = [(8, 20), (6, 16)]
+
+
+@probe
+def stretch_rmsnorm_swiglu_structure(seeds, RMSNorm, SwiGLUFeedForward):
+    eps_cases, small = rms_swiglu_structure_cases(seeds)
+    fresh = [_state(_rms_norm(RMSNorm, d)) for d in (8, 5)]
+    eps_outputs = [_run_rms_norm(_rms_norm(RMSNorm, 8, eps).double(), x) for eps, x in eps_cases]
+    default_output = _run_rms_norm(_rms_norm(RMSNorm, 8).double(), small)
+    zero_output = _run_rms_norm(_rms_norm(RMSNorm, 8).double(), torch.zeros(2, 8, dtype=torch.float64))
+    ffns = []
+    for d_model, d_ff in SWIGLU_STRUCTURE_DIMS:
+        ffn = _swiglu(SwiGLUFeedForward, d_model, d_ff)
+        ffns.append({"parameters": {name: tuple(p.shape) for name, p in ffn.named_parameters()},
+                     "linear": {name: type(getattr(ffn, name, None)).__name__ for name in ("gate_proj", "up_proj",
+                                                                                            "down_proj")}})
+    return {"fresh": fresh, "eps_outputs": eps_outputs, "default_output": default_output, "zero_output": zero_output,
+            "ffns": ffns}
+
+
+@stretch_rmsnorm_swiglu_structure.judge
+def judge_stretch_rmsnorm_swiglu_structure(seeds, data):
+    for d, state in zip((8, 5), data["fresh"]):
+        if set(state) != {"weight"}:
+            raise AssertionError(f"RMSNorm({d})'s state_dict holds {sorted(state) or 'nothing'}; expected exactly one "
+                                 "nn.Parameter, `weight` (the name LlamaRMSNorm uses): no bias, no β.")
+        expect_shape(state["weight"], (d,), f"RMSNorm({d}).weight", "One gain per feature: (d_model,).")
+        if not torch.all(expect_tensor(state["weight"], "RMSNorm.weight") == 1):
+            raise AssertionError("RMSNorm.weight should start at 1 everywhere, so that a new RMSNorm only normalises.")
+    for ffn, (d_model, d_ff) in zip(data["ffns"], SWIGLU_STRUCTURE_DIMS):
+        expected = dict(swiglu_weight_shapes(d_model, d_ff))
+        if ffn["linear"] != {name: "Linear" for name in ("gate_proj", "up_proj", "down_proj")}:
+            raise AssertionError(f"SwiGLUFeedForward's gate_proj, up_proj and down_proj are {ffn['linear']}: the "
+                                 f"exercise asks for {SWIGLU_NAMES}.")
+        if ffn["parameters"] != expected:
+            biases = sorted(name for name in ffn["parameters"] if name.endswith("bias"))
+            raise AssertionError(f"SwiGLUFeedForward({d_model}, {d_ff}) has parameters {ffn['parameters']}; expected "
+                                 f"{expected}. " + ("Llama's linear layers have no bias: pass bias=False. " if biases
+                                                    else "") + f"The exercise asks for {SWIGLU_NAMES}.")
+    eps_cases, small = rms_swiglu_structure_cases(seeds)
+    ones = torch.ones(8, dtype=torch.float64)
+    for (eps, x), out in zip(eps_cases, data["eps_outputs"]):
+        with torch.no_grad():
+            expected = llama_rms_norm(ones, eps)(x)
+        expect_close(out, expected, f"RMSNorm(8, eps={eps:g}) of rows whose mean square is near eps",
+                     rtol=1e-5, atol=1e-6, diagnoses=rms_norm_diagnoses(x, ones, eps),
+                     hint="eps goes inside the square root: x / sqrt(mean(x²) + eps).")
+    with torch.no_grad():
+        expected = llama_rms_norm(ones, 1e-6)(small)
+    expect_close(data["default_output"], expected, "RMSNorm(8) of rows whose mean square is about 1e-6",
+                 rtol=1e-5, atol=1e-6, diagnoses={
+                     "RMSNorm(d_model) should use eps=1e-6 (Llama's rms_norm_eps) by default.":
+                         small / torch.sqrt(small.pow(2).mean(-1, keepdim=True) + 1e-5)},
+                 hint="The default is eps=1e-6, inside the square root.")
+    expect_close(data["zero_output"], torch.zeros(2, 8), "RMSNorm(8) of a zero vector",
+                 hint="A zero vector has mean square 0: eps inside the square root keeps 0 / 0 from becoming NaN.")
+
+
 # ---------------------------------------------------------------- warming up the judges
 def warm_up():
-    """What the judges need first: transformers' BertModel (seconds to import)."""
-    from transformers import BertConfig, BertModel  # noqa: F401
+    """What the judges need first: transformers' BertModel and Llama's modules (seconds to import)."""
+    from transformers import BertConfig, BertModel, LlamaConfig  # noqa: F401
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: F401
 
 
 # The grader imports the check modules in a background thread while the kernel runs

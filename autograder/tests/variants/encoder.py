@@ -8,6 +8,7 @@ LAYER = "encoder_layer_answer"
 BERT = "minibert_answer"
 LOAD = "load_hf_bert_weights_answer"
 HEAD = "sequence_classifier_answer"
+STRETCH = "rms_norm_swiglu_answer"
 
 # ------------------------------------------------------------------ FeedForward
 FFN_INIT = '''
@@ -158,6 +159,41 @@ class SequenceClassifier(nn.Module):
 def head(forward):
     return HEAD_INIT + "\n    def forward(self, input_ids, attention_mask=None, token_type_ids=None):\n" + forward
 
+
+
+# ------------------------------------------------------------------ RMSNorm and SwiGLUFeedForward (optional stretch)
+RMS_INIT = '''
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation over the last dimension, with a learned gain `weight`."""
+
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+'''
+RMS_FORWARD = '''
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+'''
+SWIGLU_INIT = '''
+
+class SwiGLUFeedForward(nn.Module):
+    """Llama's gated feed-forward sublayer: down_proj(silu(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+'''
+SWIGLU_FORWARD = '''
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+'''
+
+
+def stretch(rms_forward=RMS_FORWARD, swiglu_forward=SWIGLU_FORWARD, rms_init=RMS_INIT, swiglu_init=SWIGLU_INIT):
+    return rms_init + rms_forward + swiglu_init + swiglu_forward
 
 MUTANTS = [
     # ---- FeedForward
@@ -374,6 +410,44 @@ class SequenceClassifier(nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         return self.classifier(self.encoder(input_ids, attention_mask, token_type_ids)[:, 0])
 '''}, loses=("classifier_shapes", "classifier_uses_cls"), message="submodule"),
+    # ---- RMSNorm and SwiGLUFeedForward (optional stretch)
+    Variant("rms_norm_subtracts_the_mean", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        centred = x - x.mean(dim=-1, keepdim=True)
+        return centred / torch.sqrt(centred.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+''')}, loses=("stretch_rmsnorm_swiglu_match_llama", "stretch_rmsnorm_swiglu_structure"), message="that is LayerNorm"),
+    Variant("rms_norm_eps_outside_sqrt", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps) * self.weight
+''')}, loses=("stretch_rmsnorm_swiglu_structure",), message="inside the square root"),
+    Variant("rms_norm_divides_by_the_norm_not_the_rms", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + self.eps) * self.weight
+''')}, loses=("stretch_rmsnorm_swiglu_match_llama",), message="sqrt(mean(x²) + eps)"),
+    Variant("rms_norm_default_eps_1e-5", {STRETCH: stretch(rms_init=RMS_INIT.replace("eps=1e-6", "eps=1e-5"))},
+            loses=("stretch_rmsnorm_swiglu_structure",), message="eps=1e-6"),
+    Variant("swiglu_silu_on_up_proj", {STRETCH: stretch(swiglu_forward='''
+    def forward(self, x):
+        return self.down_proj(F.silu(self.up_proj(x)) * self.gate_proj(x))
+''')}, loses=("stretch_rmsnorm_swiglu_match_llama",), message="the SiLU is on up_proj"),
+    Variant("swiglu_relu", {STRETCH: stretch(swiglu_forward='''
+    def forward(self, x):
+        return self.down_proj(torch.relu(self.gate_proj(x)) * self.up_proj(x))
+''')}, loses=("stretch_rmsnorm_swiglu_match_llama",), message="not ReLU"),
+    Variant("swiglu_linears_with_bias", {STRETCH: stretch(swiglu_init=SWIGLU_INIT.replace(", bias=False)", ")"))},
+            loses=("stretch_rmsnorm_swiglu_match_llama", "stretch_rmsnorm_swiglu_structure"), message="bias=False"),
+    Variant("rms_norm_wraps_llama_rms_norm", {STRETCH: '''
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+
+class RMSNorm(LlamaRMSNorm):
+    """Llama's own, renamed."""
+''' + SWIGLU_INIT + SWIGLU_FORWARD}, loses=("stretch_rmsnorm_swiglu_match_llama", "stretch_rmsnorm_swiglu_structure"),
+            message="flagged for review"),
+    Variant("rms_norm_calls_torch_rms_norm", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+''')}, loses=("stretch_rmsnorm_swiglu_match_llama", "stretch_rmsnorm_swiglu_structure"), message="flagged for review"),
 ]
 
 WARN_AND_PRINT = '''
@@ -478,4 +552,25 @@ class SequenceClassifier(nn.Module):
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
 '''),
         LOAD: LOAD_START + WARN_AND_PRINT.replace("\n        ", "\n    ") + load(body=LOAD_BODY)[len(LOAD_START):]}),
+    # The optional stretch: torch.rsqrt with Llama's float32 round trip and x·sigmoid(x) for the SiLU ...
+    Variant("stretch_rsqrt_float32_round_trip_and_sigmoid", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+''', swiglu_forward='''
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        return self.down_proj(gate * torch.sigmoid(gate) * self.up_proj(x))
+''')}),
+    # ... and the norm divided by sqrt(d), with an nn.SiLU module.
+    Variant("stretch_vector_norm_and_silu_module", {STRETCH: stretch(rms_forward='''
+    def forward(self, x):
+        rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) / math.sqrt(x.shape[-1])
+        return self.weight * x / torch.sqrt(rms ** 2 + self.eps)
+''', swiglu_init=SWIGLU_INIT + '''        self.activation = nn.SiLU()
+''', swiglu_forward='''
+    def forward(self, x):
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+''')}),
 ]
