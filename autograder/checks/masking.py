@@ -11,7 +11,9 @@ Face's own code, never a copy of the solution:
 - `torch.nn.functional.scaled_dot_product_attention` for masked weights (in torch 2.13 it gives a
   fully masked row weights of zero, the contract of `masked_softmax`),
 - `torch.nn.MultiheadAttention` for cross-attention (through `attn_mask`: its `key_padding_mask`
-  check imports sympy, two seconds of the notebook's budget).
+  check imports sympy, two seconds of the notebook's budget),
+- for the optional packed-sequence mask, an explicit loop over (query, key) pairs, cross-checked with
+  `torch.nn.attention.flex_attention.create_mask` (a mask_mod on CPU).
 Exercises are graded on their own: the student's other mask functions are swapped for the course's
 reference ones (`courselib.attention`) while a function runs, and the reference of the exercise
 itself is forbidden. Modules and sentences come from the run's seeds, so the hidden inputs are never
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, expect_close, expect_shape, probe, to_numpy
+from autograder.checks.common import LOCAL_TOKEN, call, expect_close, expect_shape, probe, to_numpy
 from courselib import attention as reference
 
 ORACLE_SHORTCUTS = ["torch.nn.functional.scaled_dot_product_attention"]
@@ -614,11 +616,28 @@ def judge_causal_padding_mask_behaviour(seeds, masks):
 
 
 # ---------------------------------------------------------------- exercise 5: cross_attention
+# The exercise builds cross-attention from mha's projections: the module's own forward and any attention
+# function that would do the scores-softmax-sum for the student are refused.
+CROSS_SHORTCUTS = ["courselib.attention.MultiHeadAttention.forward", "courselib.attention.scaled_dot_product_attention",
+                   "torch.nn.functional.scaled_dot_product_attention",
+                   "torch.nn.functional.multi_head_attention_forward"]
+CROSS_ADVICE = ("build cross-attention from mha.q_proj, mha.k_proj, mha.v_proj and mha.out_proj yourself: the "
+                "module's forward and the attention functions are the references here, not the answer.")
+NO_MODULE_CALL = ("Exercise 5 asks you to build cross-attention from mha.q_proj, mha.k_proj, mha.v_proj and "
+                  "mha.out_proj: calling mha(...) (its forward) is not allowed.")
+
+
+def refuse_module_call(*args, **kwargs):
+    """Put in place of the probe's mha.forward: the projections stay, the module call teaches."""
+    raise AssertionError(NO_MODULE_CALL)
+
+
 def _cross(fn, decoder_states, encoder_states, mha, encoder_padding_mask=None):
     kwargs = {} if encoder_padding_mask is None else {"encoder_padding_mask": encoder_padding_mask}
+    mha.forward = refuse_module_call   # an instance attribute: nn.Module.__call__ finds it before the class's
     with torch.no_grad():  # the checks compare numbers; no autograd graph is needed
         result = call(fn, decoder_states, encoder_states, mha, name="cross_attention", helpers=REFERENCE_HELPERS,
-                      **kwargs)
+                      forbidden=CROSS_SHORTCUTS, forbidden_advice=CROSS_ADVICE, **kwargs)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError("cross_attention must return the pair (output, weights), as MultiHeadAttention does.")
     return tuple(result)
@@ -643,8 +662,12 @@ def cross_problem(seeds, stream, B, T_dec, T_enc, d_model=8, num_heads=2, length
     return mha, decoder_states, encoder_states, mask
 
 
-SWAP_HINT = ("queries come from the decoder and keys and values from the encoder: "
-             "mha(decoder_states, encoder_states, encoder_states, ...). You swapped them.")
+SWAP_HINT = ("queries come from the decoder (mha.q_proj(decoder_states)) and keys and values from the encoder "
+             "(mha.k_proj and mha.v_proj of encoder_states). You swapped them.")
+SCALE_HINT = ("you divided the scores by √d_model: each head's dot product has d_head = d_model / h terms, so "
+              "divide by √d_head (q.shape[-1] after the split), not by the model's width.")
+MERGE_HINT = ("you merged the heads without moving the head axis back: (B, h, T_dec, d_head).reshape(B, T_dec, "
+              "d_model) mixes tokens and heads. transpose(1, 2) before the reshape (or merge_heads).")
 
 
 @probe
@@ -665,23 +688,35 @@ def judge_cross_attention_shapes(seeds, results):
                      "(B, h, T_dec, T_enc): each decoder query spreads its weight over the encoder tokens.")
 
 
+def by_hand(mha, dec, enc, mask, scale, merge):
+    """Judge side: cross-attention from the projections with a chosen scale and head merge, for diagnoses."""
+    h = mha.num_heads
+    q, k, v = (reference.split_heads(x, h) for x in (mha.q_proj(dec), mha.k_proj(enc), mha.v_proj(enc)))
+    scores = q @ k.transpose(-2, -1) / scale
+    weights = reference.masked_softmax(scores, mask) if mask is not None else torch.softmax(scores, dim=-1)
+    return mha.out_proj(merge(weights @ v)), weights
+
+
 def cross_diagnoses(mha, dec, enc, mask):
+    """{misconception: (wrong output, wrong weights)} for the outputs and weights a bug would give."""
     with torch.no_grad():
-        unmasked = mha(dec, enc)[0]
         diagnoses = {"you ignored encoder_padding_mask: decoder queries must not attend to the source's padding.":
-                     unmasked}
-        T_dec, T_enc = dec.shape[1], enc.shape[1]
+                     mha(dec, enc)}
+        (B, T_dec, d_model), T_enc = dec.shape, enc.shape[1]
         rectangular_causal = torch.ones(T_dec, T_enc, dtype=torch.bool).tril()
         combined = rectangular_causal if mask is None else rectangular_causal & mask
         diagnoses["you applied a causal mask in cross-attention: the source sentence is known in full, so every "
                   "decoder position may attend to every (real) encoder token. Only the decoder's "
-                  "self-attention is causal."] = mha(dec, enc, mask=combined)[0]
+                  "self-attention is causal."] = mha(dec, enc, mask=combined)
         if T_dec == T_enc:
-            diagnoses[SWAP_HINT] = mha(enc, dec, mask=mask)[0]
+            diagnoses[SWAP_HINT] = mha(enc, dec, mask=mask)
+        d_head = d_model // mha.num_heads
+        diagnoses[SCALE_HINT] = by_hand(mha, dec, enc, mask, d_model ** 0.5, reference.merge_heads)
+        diagnoses[MERGE_HINT] = by_hand(mha, dec, enc, mask, d_head ** 0.5, lambda x: x.reshape(B, T_dec, d_model))
         _, weights = mha(dec, enc, mask=mask)
         values = reference.split_heads(mha.v_proj(enc), mha.num_heads)
         diagnoses["you skipped the output projection: return mha.out_proj(merge_heads(weights @ v)), as "
-                  "MultiHeadAttention does."] = reference.merge_heads(weights @ values)
+                  "MultiHeadAttention does."] = (reference.merge_heads(weights @ values), weights)
     return diagnoses
 
 
@@ -702,12 +737,15 @@ def judge_cross_attention_matches_torch(seeds, results):
     for (stream, B, T_dec, T_enc, lengths), (output, weights) in zip(MATCH_CASES, results):
         mha, dec, enc, mask = cross_problem(seeds, stream, B, T_dec, T_enc, lengths=lengths)
         expected_output, expected_weights = torch_cross_attention(mha, dec, enc, mask)
+        diagnoses = cross_diagnoses(mha, dec, enc, mask)
         expect_close(output, expected_output, "cross_attention's output",
                      "The same as torch.nn.MultiheadAttention(query=decoder, key=value=encoder, key_padding_mask="
-                     "~mask) with the same weights.", diagnoses=cross_diagnoses(mha, dec, enc, mask))
+                     "~mask) with the same weights.",
+                     diagnoses={message: wrong_output for message, (wrong_output, _) in diagnoses.items()})
         expect_close(weights, expected_weights, "cross_attention's weights",
                      "Return the weights of the same attention: softmax of decoder queries · encoder keys / "
-                     "√d_head, masked at the encoder's padding, (B, h, T_dec, T_enc).")
+                     "√d_head, masked at the encoder's padding, (B, h, T_dec, T_enc).",
+                     diagnoses={message: wrong_weights for message, (_, wrong_weights) in diagnoses.items()})
 
 
 @probe
@@ -748,3 +786,152 @@ def judge_cross_attention_ignores_encoder_padding(seeds, results):
                              "must be all zeros (masked_softmax handles fully masked rows).")
     expect_close(empty_weights[1], np.zeros((2, 4, 5)), "the weights for an all-padding source",
                  "With nothing to attend to, every weight is 0.")
+
+
+# ---------------------------------------------------------------- exercise 6 (optional stretch): packed_causal_mask
+PACKED_SHORTCUTS = ["torch.nn.attention.flex_attention.create_mask",
+                    "torch.nn.attention.flex_attention.create_block_mask"]
+PACKED_ADVICE = ("compare positions and document ids yourself: flex_attention's create_mask is the oracle here, "
+                 "not the answer.")
+
+
+def _packed(fn, document_ids, window):
+    kwargs = {} if window is None else {"window": window}
+    return call(fn, document_ids.clone(), name="packed_causal_mask", forbidden=PACKED_SHORTCUTS,
+                forbidden_advice=PACKED_ADVICE, helpers={"causal_mask": REFERENCE_HELPERS["causal_mask"]}, **kwargs)
+
+
+def packing(seeds, stream, B, T):
+    """(B, T) document ids of packed rows: documents of random lengths laid end to end, numbered from 0."""
+    rng = seeds.random(stream)
+    rows = []
+    for _ in range(B):
+        row, document = [], 0
+        while len(row) < T:
+            row += [document] * rng.randint(1, max(1, T // 2))
+            document += 1
+        rows.append(row[:T])
+    return torch.tensor(rows)
+
+
+def oracle_packed(document_ids, window=None):
+    """The definition, one (query t, key s) pair at a time: same document, s <= t, t - s < window."""
+    B, T = document_ids.shape
+    mask = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            for s in range(T):
+                mask[b, 0, t, s] = bool(document_ids[b, t] == document_ids[b, s] and s <= t
+                                        and (window is None or t - s < window))
+    return mask
+
+
+def flex_packed(document_ids, window=None):
+    """The same mask from torch's flex_attention create_mask with a mask_mod (it runs on CPU), or None."""
+    try:
+        from torch.nn.attention.flex_attention import create_mask
+    except ImportError:
+        return None
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        allowed = (document_ids[b, q_idx] == document_ids[b, kv_idx]) & (kv_idx <= q_idx)
+        return allowed if window is None else allowed & (q_idx - kv_idx < window)
+
+    B, T = document_ids.shape
+    return create_mask(mask_mod, B, None, T, T, device="cpu")
+
+
+def expected_packed(seeds, document_ids, window=None):
+    """The loop's mask, cross-checked with the library's where the grader judges. (create_mask's first call
+    warms up torch's vmap, about 0.3 s of CPU, too much for a notebook that judges itself in its kernel.)"""
+    expected = oracle_packed(document_ids, window)
+    library = flex_packed(document_ids, window) if seeds.token != LOCAL_TOKEN else None
+    if library is not None and not torch.equal(library, expected):  # the two oracles must agree
+        raise RuntimeError("the packed-mask oracles disagree: fix the check, not the answer")
+    return expected
+
+
+def packed_diagnoses(document_ids, window):
+    B, T = document_ids.shape
+    positions = torch.arange(T)
+    causal = (positions[None, :] <= positions[:, None])[None, None]              # (1, 1, T, T)
+    same = (document_ids[:, :, None] == document_ids[:, None, :])[:, None]       # (B, 1, T, T)
+    lag = positions[:, None] - positions[None, :]
+    diagnoses = {
+        "your mask is a plain causal mask: it lets a token attend to earlier *documents* packed into the same "
+        "row. Also require document_ids[b, s] == document_ids[b, t].": causal.expand(B, 1, T, T),
+        "your mask hides other documents but is not causal: a token sees later tokens of its own document. "
+        "Also require s <= t.": same,
+        "True means 'may attend' in this course: your mask is True exactly where attention is forbidden.":
+            ~oracle_packed(document_ids, window),
+    }
+    if window is not None:
+        diagnoses["your window is off by one: with window w a query sees w keys, itself and the w - 1 before it, "
+                  "so the rule is t - s < window, not t - s <= window."] = causal & same & (lag <= window)
+        diagnoses[f"you ignored window={window}: with a window, a query may also attend only to the keys "
+                  "t - window < s <= t."] = causal & same
+    return diagnoses
+
+
+PACKED_VALUE_CASES = [(2650, 3, 10, None), (2651, 2, 12, 3), (2652, 2, 7, 1), (2653, 1, 1, None),
+                      (2654, 2, 9, 20), (2655, 2, 11, 4)]
+
+
+def packed_value_cases(seeds):
+    return [(packing(seeds, stream, B, T), window) for stream, B, T, window in PACKED_VALUE_CASES]
+
+
+def check_packed_mask(mask, document_ids, window):
+    B, T = document_ids.shape
+    name = f"packed_causal_mask(document_ids of shape {(B, T)}" + ("" if window is None else f", window={window}") + ")"
+    bool_mask(mask, name)
+    expect_shape(mask, (B, 1, T, T), name, "(B, 1, T, T): one (T, T) mask per packed row, and a head axis of size 1 "
+                 "that broadcasts over the heads of the scores (B, h, T, T).")
+    return name
+
+
+@probe
+def stretch_packed_causal_mask_values(seeds, fn):
+    return [_packed(fn, document_ids, window) for document_ids, window in packed_value_cases(seeds)]
+
+
+@stretch_packed_causal_mask_values.judge
+def judge_stretch_packed_causal_mask_values(seeds, masks):
+    for (document_ids, window), mask in zip(packed_value_cases(seeds), masks):
+        name = check_packed_mask(mask, document_ids, window)
+        expect_close(mask, expected_packed(seeds, document_ids, window), name,
+                     "Position t may attend to s when both are in the same document, s <= t, and (with a window) "
+                     "t - s < window.", diagnoses=packed_diagnoses(document_ids, window))
+
+
+PACKED_BEHAVIOUR_CASES = [(2660, 2, 12, None), (2661, 2, 10, 3)]
+
+
+@probe
+def stretch_packed_causal_mask_behaviour(seeds, fn):
+    return [_packed(fn, packing(seeds, stream, B, T), window) for stream, B, T, window in PACKED_BEHAVIOUR_CASES]
+
+
+@stretch_packed_causal_mask_behaviour.judge
+def judge_stretch_packed_causal_mask_behaviour(seeds, masks):
+    """Attention over a packed row under the mask equals attention over each document alone."""
+    g = seeds.generator(2662)
+    for (stream, B, T, window), mask in zip(PACKED_BEHAVIOUR_CASES, masks):
+        document_ids = packing(seeds, stream, B, T)
+        name = check_packed_mask(mask, document_ids, window)
+        q, k, v = (torch.randn(B, 2, T, 4, generator=g, dtype=torch.float64) for _ in range(3))
+        packed = _attend(q, k, v, mask, name)
+        for b in range(B):
+            for document in document_ids[b].unique().tolist():
+                inside = document_ids[b] == document
+                n = int(inside.sum())
+                alone_mask = torch.ones(n, n, dtype=torch.bool).tril()
+                if window is not None:
+                    alone_mask = alone_mask.triu(1 - window)   # keys t - window + 1 .. t
+                alone = F.scaled_dot_product_attention(q[b][:, inside], k[b][:, inside], v[b][:, inside],
+                                                       attn_mask=alone_mask)
+                expect_close(packed[b][:, inside], alone, f"the outputs of document {document} in packed row {b}"
+                             + ("" if window is None else f" (window={window})"),
+                             "Packed into a row, each document must attend exactly as it would alone: no key of "
+                             "another document, no future key" + ("" if window is None else
+                                                                  ", and only the last `window` keys") + ".")

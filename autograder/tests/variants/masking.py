@@ -7,6 +7,7 @@ SOFTMAX = "masked_softmax_answer"
 PADDING = "padding_mask_answer"
 CAUSAL_PADDING = "causal_padding_mask_answer"
 CROSS = "cross_attention_answer"
+PACKED = "packed_causal_mask_answer"
 
 
 def causal(body):
@@ -27,6 +28,30 @@ def causal_padding(body):
 
 def cross(body):
     return "def cross_attention(decoder_states, encoder_states, mha, encoder_padding_mask=None):\n" + body
+
+
+def packed(body):
+    return "def packed_causal_mask(document_ids, window=None):\n" + body
+
+
+def cross_by_hand(q_from="decoder_states", kv_from="encoder_states", scale="math.sqrt(q.shape[-1])", extra_mask="",
+                  merge="merge_heads(weights @ v)", out="mha.out_proj({})"):
+    """A from-projections cross_attention with one part changed (the mutants' common body)."""
+    return cross(f"""
+    h = mha.num_heads
+    q = split_heads(mha.q_proj({q_from}), h)
+    k = split_heads(mha.k_proj({kv_from}), h)
+    v = split_heads(mha.v_proj({kv_from}), h)
+    scores = q @ k.transpose(-2, -1) / {scale}
+    mask = torch.ones_like(scores, dtype=torch.bool) if encoder_padding_mask is None else encoder_padding_mask
+{extra_mask}    weights = masked_softmax(scores, mask)
+    B, T_dec = decoder_states.shape[:2]
+    return {out.format(merge)}, weights
+""")
+
+
+ALL_CROSS = ("cross_attention_shapes", "cross_attention_matches_torch", "cross_attention_ignores_encoder_padding")
+ALL_PACKED = ("stretch_packed_causal_mask_values", "stretch_packed_causal_mask_behaviour")
 
 
 MUTANTS = [
@@ -149,32 +174,59 @@ from courselib.attention import masked_softmax as _course_masked_softmax
     Variant("causal_padding_without_head_axis", {CAUSAL_PADDING: causal_padding("""
     return causal_mask(input_ids.shape[-1]) & (input_ids != pad_id)[:, None, :]
 """)}, loses=("causal_padding_mask_shape",), message="(B, 1, T, T)"),
-    # ---- cross_attention (graded with the reference masks and masked_softmax)
-    Variant("cross_queries_and_keys_swapped", {CROSS: cross("""
-    return mha(encoder_states, decoder_states, decoder_states, mask=encoder_padding_mask)
-""")}, loses=("cross_attention_shapes", "cross_attention_matches_torch", "cross_attention_ignores_encoder_padding"),
-        message="queries come from the decoder"),
-    Variant("cross_ignores_encoder_padding_mask", {CROSS: cross("""
-    return mha(decoder_states, encoder_states, encoder_states)
-""")}, loses=("cross_attention_matches_torch", "cross_attention_ignores_encoder_padding"),
+    # ---- cross_attention (graded with the reference masks and masked_softmax; built from mha's projections)
+    # The one-liner that used to be the answer: the exercise now forbids the module call, and says so.
+    Variant("cross_calls_the_module", {CROSS: cross("""
+    return mha(decoder_states, encoder_states, encoder_states, mask=encoder_padding_mask)
+""")}, loses=ALL_CROSS, message="calling mha(...) (its forward) is not allowed"),
+    # The class's forward reached around the instance: the watch refuses it and flags the answer.
+    Variant("cross_calls_the_class_forward", {CROSS: cross("""
+    return MultiHeadAttention.forward(mha, decoder_states, encoder_states, mask=encoder_padding_mask)
+""")}, loses=ALL_CROSS, message="flagged for review"),
+    Variant("cross_queries_and_keys_swapped", {CROSS: cross_by_hand(q_from="encoder_states", kv_from="decoder_states")},
+            loses=ALL_CROSS, message="queries come from the decoder"),
+    Variant("cross_ignores_encoder_padding_mask", {CROSS: cross_by_hand().replace(
+        "weights = masked_softmax(scores, mask)", "weights = torch.softmax(scores, dim=-1)")},
+        loses=("cross_attention_matches_torch", "cross_attention_ignores_encoder_padding"),
         message="pass encoder_padding_mask on"),
-    Variant("cross_with_a_causal_mask", {CROSS: cross("""
-    T_dec, T_enc = decoder_states.shape[1], encoder_states.shape[1]
-    mask = torch.ones(T_dec, T_enc, dtype=torch.bool).tril()
-    if encoder_padding_mask is not None:
-        mask = mask & encoder_padding_mask
-    return mha(decoder_states, encoder_states, encoder_states, mask=mask)
-""")}, loses=("cross_attention_matches_torch",), message="causal mask in cross-attention"),
-    Variant("cross_by_hand_without_out_proj", {CROSS: cross("""
-    h = mha.num_heads
-    q = split_heads(mha.q_proj(decoder_states), h)
-    k = split_heads(mha.k_proj(encoder_states), h)
-    v = split_heads(mha.v_proj(encoder_states), h)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    mask = torch.ones_like(scores, dtype=torch.bool) if encoder_padding_mask is None else encoder_padding_mask
-    weights = masked_softmax(scores, mask)
-    return merge_heads(weights @ v), weights
-""")}, loses=("cross_attention_matches_torch",), message="out_proj"),
+    Variant("cross_with_a_causal_mask", {CROSS: cross_by_hand(
+        extra_mask="    mask = mask & torch.ones(scores.shape[-2:], dtype=torch.bool).tril()\n")},
+        loses=("cross_attention_matches_torch",), message="causal mask in cross-attention"),
+    Variant("cross_scaled_by_sqrt_d_model", {CROSS: cross_by_hand(scale="math.sqrt(decoder_states.shape[-1])")},
+            loses=("cross_attention_matches_torch",), message="√d_head"),
+    Variant("cross_heads_merged_without_transpose", {CROSS: cross_by_hand(
+        merge="(weights @ v).reshape(B, T_dec, -1)")},
+        loses=("cross_attention_matches_torch",), message="transpose(1, 2) before the reshape"),
+    Variant("cross_by_hand_without_out_proj", {CROSS: cross_by_hand(out="{}")},
+            loses=("cross_attention_matches_torch",), message="out_proj"),
+    # ---- packed_causal_mask (optional stretch)
+    Variant("packed_causal_only", {PACKED: packed("""
+    B, T = document_ids.shape
+    return torch.ones(T, T, dtype=torch.bool).tril().expand(B, 1, T, T)
+""")}, loses=ALL_PACKED, message="leaks across documents"),
+    Variant("packed_documents_not_causal", {PACKED: packed("""
+    mask = document_ids[:, :, None] == document_ids[:, None, :]
+    if window is not None:
+        lag = torch.arange(document_ids.shape[1])
+        mask = mask & ((lag[:, None] - lag[None, :]).abs() < window)
+    return mask[:, None]
+""")}, loses=ALL_PACKED, message="stay causal"),
+    Variant("packed_window_off_by_one", {PACKED: packed("""
+    position = torch.arange(document_ids.shape[1])
+    lag = position[:, None] - position[None, :]                      # t - s
+    mask = (document_ids[:, :, None] == document_ids[:, None, :]) & (lag >= 0)
+    if window is not None:
+        mask = mask & (lag <= window)
+    return mask[:, None]
+""")}, loses=ALL_PACKED, message="off-by-one"),
+    Variant("packed_without_head_axis", {PACKED: packed("""
+    position = torch.arange(document_ids.shape[1])
+    lag = position[:, None] - position[None, :]
+    mask = (document_ids[:, :, None] == document_ids[:, None, :]) & (lag >= 0)
+    if window is not None:
+        mask = mask & (lag < window)
+    return mask
+""")}, loses=ALL_PACKED, message="(B, 1, T, T)"),
 ]
 
 
@@ -234,9 +286,58 @@ ALTERNATIVES = [
         weights = masked_softmax(scores, encoder_padding_mask)
     return mha.out_proj(merge_heads(weights @ v)), weights
 """)}),
-    Variant("cross_keyword_call", {CROSS: cross("""
-    output, weights = mha(query=decoder_states, key=encoder_states, mask=encoder_padding_mask)
-    return output, weights
+    Variant("cross_einsum", {CROSS: cross("""
+    B, T_dec, d_model = decoder_states.shape
+    T_enc, h = encoder_states.shape[1], mha.num_heads
+    d_head = d_model // h
+    q = mha.q_proj(decoder_states).view(B, T_dec, h, d_head)
+    k = mha.k_proj(encoder_states).view(B, T_enc, h, d_head)
+    v = mha.v_proj(encoder_states).view(B, T_enc, h, d_head)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / d_head ** 0.5
+    if encoder_padding_mask is not None:
+        scores = scores.masked_fill(~encoder_padding_mask, float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(dim=-1), nan=0.0)     # an all-padding source: zeros, not NaN
+    heads = torch.einsum("bhqk,bkhd->bqhd", weights, v).reshape(B, T_dec, d_model)
+    return mha.out_proj(heads), weights
+""")}),
+    Variant("cross_reshape_transpose_and_F_softmax", {CROSS: cross("""
+    B, T_dec, d_model = decoder_states.shape
+    h = mha.num_heads
+    d_head = d_model // h
+    def heads(x):
+        return x.reshape(B, -1, h, d_head).transpose(1, 2)          # (B, h, T, d_head)
+    q = heads(mha.q_proj(decoder_states))
+    k, v = heads(mha.k_proj(encoder_states)), heads(mha.v_proj(encoder_states))
+    scores = torch.matmul(q, k.transpose(2, 3)) * d_head ** -0.5
+    if encoder_padding_mask is not None:
+        scores = scores.masked_fill(encoder_padding_mask.logical_not(), -math.inf)
+    weights = F.softmax(scores, dim=-1)
+    weights = torch.where(torch.isnan(weights), torch.zeros_like(weights), weights)
+    merged = torch.matmul(weights, v).transpose(1, 2).contiguous().view(B, T_dec, d_model)
+    return mha.out_proj(merged), weights
+""")}),
+    Variant("packed_broadcast_comparisons", {PACKED: packed("""
+    position = torch.arange(document_ids.shape[-1])
+    query, key = position[:, None], position[None, :]                   # t down, s across
+    allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & (key <= query)
+    if window is not None:
+        allowed = allowed & (query - key < window)
+    return allowed.unsqueeze(1)
+""")}),
+    Variant("packed_loops", {PACKED: packed("""
+    B, T = document_ids.shape
+    ids = document_ids.tolist()
+    rows = [[[ids[b][t] == ids[b][s] and s <= t and (window is None or t - s < window) for s in range(T)]
+             for t in range(T)] for b in range(B)]
+    return torch.tensor(rows, dtype=torch.bool).reshape(B, 1, T, T)
+""")}),
+    Variant("packed_tril_and_equality", {PACKED: packed("""
+    B, T = document_ids.shape
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if window is not None:
+        allowed = torch.logical_and(allowed, torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1 - window))
+    same = document_ids.unsqueeze(-1).eq(document_ids.unsqueeze(-2))
+    return (same & allowed).view(B, 1, T, T)
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
@@ -250,6 +351,11 @@ ALTERNATIVES = [
     return (input_ids != pad_id)[:, None, None, :]
 """),
         CROSS: cross(WARN_AND_PRINT + """
-    return mha(decoder_states, encoder_states, encoder_states, mask=encoder_padding_mask)
+    h = mha.num_heads
+    q, k, v = (split_heads(x, h) for x in (mha.q_proj(decoder_states), mha.k_proj(encoder_states),
+                                           mha.v_proj(encoder_states)))
+    scores = q @ k.mT / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores, -1) if encoder_padding_mask is None else masked_softmax(scores, encoder_padding_mask)
+    return mha.out_proj(merge_heads(weights @ v)), weights
 """)}),
 ]
