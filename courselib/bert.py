@@ -18,7 +18,15 @@ submodule and parameter names as 07's `MiniBert`, so a state dict of one loads i
     model = minibert_like(hf_bert.config)          # the sizes of any BertConfig
     load_hf_bert_weights(model, hf_bert)           # a BertModel, a BertForMaskedLM, or a state dict
 
-autograder/tests/test_courselib.py proves parity with `transformers.BertModel` (float64, eager attention).
+and back (notebook 08 pre-trains a MiniBert with its masked-LM head, then hands it to `transformers`):
+
+    hf_mlm = to_hf_bert_for_masked_lm(model, head, config)   # a BertForMaskedLM with the same weights
+
+The head (`dense`, `norm`, `decoder` tied to `token_embeddings`) maps to `cls.predictions.transform.dense`,
+`cls.predictions.transform.LayerNorm` and `cls.predictions.bias` (`mlm_head_hf_names`).
+
+autograder/tests/test_courselib.py proves parity with `transformers.BertModel` and, through the export, with
+`BertForMaskedLM` (float64, eager attention).
 """
 import torch
 from torch import nn
@@ -68,6 +76,18 @@ def minibert_like(config):
                     dropout=config.hidden_dropout_prob, eps=config.layer_norm_eps)
 
 
+def init_bert_weights(model, std=0.02):
+    """BERT's initialisation, in place (returns model): every nn.Linear and nn.Embedding weight from
+    normal(0, std) (`config.initializer_range`, 0.02), biases at zero; LayerNorms keep their (1, 0).
+    PyTorch's defaults draw embeddings from normal(0, 1): a decoder tied to them starts far from uniform."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    return model
+
+
 def hf_names(num_layers):
     """{MiniBert parameter name: BertModel parameter name}, the table above."""
     names = {"token_embeddings.weight": "embeddings.word_embeddings.weight",
@@ -114,4 +134,57 @@ def load_hf_bert_weights(model, hf_bert):
     return model
 
 
-__all__ = ["MiniBert", "hf_names", "load_hf_bert_weights", "minibert_like"]
+def mlm_head_hf_names():
+    """{masked-LM head parameter name: BertForMaskedLM parameter name}. The decoder's weight is not listed:
+    it is the token embedding matrix (tied), exported with the encoder."""
+    ours = {"dense": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm"}
+    names = {f"{a}.{kind}": f"{b}.{kind}" for a, b in ours.items() for kind in ("weight", "bias")}
+    names["decoder.bias"] = "cls.predictions.bias"
+    return names
+
+
+def to_hf_bert_for_masked_lm(model, head, config):
+    """The reverse of `load_hf_bert_weights`, head included: a new transformers BertForMaskedLM(config), in
+    model's dtype and in eval mode, holding the weights of a MiniBert `model` and of its masked-LM `head`
+    (submodules `dense`, `norm` and `decoder`, the decoder's weight tied to model.token_embeddings).
+
+    config must give the same sizes (`minibert_like(config)` builds such a MiniBert). A missing tensor, one of
+    another shape, another depth or an untied decoder raises ValueError. Neither model is changed, and the
+    global random number generator is left as it was.
+    """
+    from transformers import BertForMaskedLM
+
+    decoder_weight = getattr(getattr(head, "decoder", None), "weight", None)
+    if decoder_weight is not model.token_embeddings.weight:
+        raise ValueError("the head's decoder.weight is not the MiniBert's token_embeddings.weight: BertForMaskedLM "
+                         "ties them (one tensor), so an untied head cannot be exported")
+    if config.num_hidden_layers != len(model.layers):
+        raise ValueError(f"the config has {config.num_hidden_layers} layers, this MiniBert {len(model.layers)}")
+    with torch.random.fork_rng(devices=[]):   # BertForMaskedLM draws its (overwritten) initial weights
+        hf_mlm = BertForMaskedLM(config).to(model.token_embeddings.weight.dtype)
+    theirs = hf_mlm.state_dict()             # tensors that share storage with hf_mlm's parameters
+    sources = [(model.state_dict(), {ours: f"bert.{name}" for ours, name in hf_names(len(model.layers)).items()},
+                "MiniBert"), (head.state_dict(), mlm_head_hf_names(), "the head")]
+    with torch.no_grad():
+        for state, names, owner in sources:
+            for name, target in names.items():
+                if name not in state:
+                    raise ValueError(f"{owner} has no {name} (for BertForMaskedLM's {target})")
+                if tuple(state[name].shape) != tuple(theirs[target].shape):
+                    raise ValueError(f"{owner}'s {name} has shape {tuple(state[name].shape)}, BertForMaskedLM's "
+                                     f"{target} {tuple(theirs[target].shape)}: use the config the MiniBert was "
+                                     "built from")
+                theirs[target].copy_(state[name])
+    written = {target for _, names, _ in sources for target in names.values()}
+    left = [name for name, _ in hf_mlm.named_parameters() if name not in written]   # tied ones listed once
+    if left:
+        raise ValueError(f"BertForMaskedLM({type(config).__name__}) has parameters that MiniBert has no match for: "
+                         f"{', '.join(left)}")
+    if hf_mlm.cls.predictions.decoder.weight is not hf_mlm.bert.embeddings.word_embeddings.weight:
+        raise ValueError("this config does not tie BertForMaskedLM's decoder to its embeddings "
+                         "(tie_word_embeddings=False): the MiniBert's head is tied")
+    return hf_mlm.eval()
+
+
+__all__ = ["MiniBert", "hf_names", "init_bert_weights", "load_hf_bert_weights", "minibert_like", "mlm_head_hf_names",
+           "to_hf_bert_for_masked_lm"]

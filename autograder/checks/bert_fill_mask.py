@@ -6,7 +6,8 @@ the misconception). Layered as the course's tests are: shape and format first, t
 seeded inputs against independent oracles (`torch.nn.functional.cross_entropy`, `BertForMaskedLM`'s
 own loss and head, `pipeline("fill-mask")`, all run by the judges), then behaviour (rates measured over
 tens of thousands of tokens, special tokens, generators, gradients, ordering, the tiny BERT rebuilt from
-courselib's MiniBert and the learner's head). The models here are the
+courselib's MiniBert and the learner's head, the optional pseudo-log-likelihood against its definition
+computed one masked copy at a time, and its single forward pass). The models here are the
 course's tiny BERT and small random BERTs with their special tokens moved, never the notebook's
 `model`, so the grade doesn't depend on whether bert-base-uncased was available; the random BERTs'
 weights come from the seeds, so both sides build the same ones. The seeds come from the grader's
@@ -954,6 +955,159 @@ def judge_masked_lm_head_tiny_bert(seeds, logits):
         ours = logits[row].double().softmax(-1).topk(5).indices.tolist()
         if ours != theirs:
             raise AssertionError(f"for {text!r} your model's top 5 are {ours}, pipeline('fill-mask')'s {theirs}.")
+
+
+# ---------------------------------------------------------------- exercise 6 (optional stretch): pseudo_log_likelihood
+PLL_VOCAB = 50
+PLL_CASES = [(8901, 9, "a 0/1 integer tensor"), (8902, 13, "a bool tensor")]  # (stream, T, special mask form)
+
+
+def pll_bert(seed):
+    """A small random BertForMaskedLM in float64 (eager attention), its weights from `seed` alone, so that the
+    probe and the judge build the same one. A wide initialisation and random LayerNorms and output bias make
+    its predictions peaked, so that each known mistake gives a clearly different score."""
+    from transformers import BertForMaskedLM
+
+    from courselib.tiny_bert import tiny_config
+    with quiet(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        config = tiny_config(PLL_VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=32, initializer_range=0.5,
+                             attn_implementation="eager")
+        model = BertForMaskedLM(config).double().eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "LayerNorm" in name or name == "cls.predictions.bias":
+                    param.add_(0.3 * torch.randn_like(param))
+    return model
+
+
+def pll_sentence(seeds, stream, length, form):
+    """A random model's sentence: (model, input_ids (T,), mask id, special_tokens_mask (T,)), with [CLS],
+    [SEP] and [MASK] at seeded ids (never the tiny BERT's 2, 3 and 4)."""
+    g = seeds.generator(stream)
+    cls_id, sep_id, mask_id = (5 + torch.randperm(PLL_VOCAB - 5, generator=g)[:3]).tolist()
+    ordinary = torch.tensor([i for i in range(PLL_VOCAB) if i not in (cls_id, sep_id, mask_id)])
+    words = ordinary[torch.randint(len(ordinary), (length - 2,), generator=g)]
+    input_ids = torch.cat([torch.tensor([cls_id]), words, torch.tensor([sep_id])])
+    special = torch.zeros(length, dtype=torch.long)
+    special[0] = special[-1] = 1
+    if form == "a bool tensor":
+        special = special.bool()
+    return pll_bert(seeds.seed(stream)), input_ids, mask_id, special
+
+
+def pll_tiny_sentence(seeds):
+    from courselib.tiny_bert import corpus
+    model, tokenizer = tiny_bert()
+    encoded = tokenizer(corpus(1, seed=seeds.seed(8903))[0], return_special_tokens_mask=True, return_tensors="pt")
+    return model, encoded["input_ids"][0], tokenizer.mask_token_id, encoded["special_tokens_mask"][0]
+
+
+def _pll(fn, model, input_ids, mask_id, special):
+    value = call(fn, model, input_ids.clone(), mask_id, special.clone(), name="pseudo_log_likelihood")
+    if torch.is_tensor(value) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise AssertionError(f"pseudo_log_likelihood should return a Python float (.item()), not a "
+                             f"{type(value).__name__}.")
+    return float(value)
+
+
+def pll_terms(model, input_ids, mask_id, masked):
+    """Judge side, the definition as a loop: for each position t, log p(input_ids[t]) at t with the tokens of
+    `masked(t)` (a bool (T,)) replaced by mask_id, one forward pass per position."""
+    terms = []
+    with torch.no_grad(), quiet():
+        for t in range(len(input_ids)):
+            sentence = torch.where(masked(t), mask_id, input_ids)
+            log_probs = model(input_ids=sentence[None]).logits[0, t].double().log_softmax(dim=-1)
+            terms.append(log_probs[input_ids[t]].item())
+    return terms
+
+
+def pll_oracle_and_diagnoses(model, input_ids, mask_id, special):
+    T = len(input_ids)
+    scored = ~special.bool()
+    one = pll_terms(model, input_ids, mask_id, lambda t: torch.arange(T) == t)
+    none = pll_terms(model, input_ids, mask_id, lambda t: torch.zeros(T, dtype=torch.bool))
+    every = pll_terms(model, input_ids, mask_id, lambda t: scored)
+    total = lambda terms: sum(v for v, s in zip(terms, scored.tolist()) if s)  # noqa: E731
+    return total(one), {
+        "you scored the unmasked sentence: the true token is in the input, so the model reads the answer. Mask "
+        "position t in the copy that scores it.": total(none),
+        "you masked every position at once: in the copy that scores t, only t is [MASK] and the other tokens "
+        "stay.": total(every),
+        "you scored [CLS] and [SEP] too: skip the positions where special_tokens_mask is 1.": sum(one),
+        "you added probabilities: the PLL adds log-probabilities (log_softmax).":
+            sum(math.exp(v) for v, s in zip(one, scored.tolist()) if s),
+    }
+
+
+@probe
+def stretch_pseudo_log_likelihood_values(seeds, fn):
+    """Against the definition computed one masked copy at a time: two random float64 BERTs whose [CLS], [SEP]
+    and [MASK] sit at other ids (one special mask of 0/1 integers, one of bools), then the tiny BERT."""
+    values = [_pll(fn, *pll_sentence(seeds, *case)) for case in PLL_CASES]
+    return values + [_pll(fn, *pll_tiny_sentence(seeds))]
+
+
+@stretch_pseudo_log_likelihood_values.judge
+def judge_stretch_pseudo_log_likelihood_values(seeds, values):
+    problems = [pll_sentence(seeds, *case) for case in PLL_CASES] + [pll_tiny_sentence(seeds)]
+    descriptions = [f"a random BERT, T={length}, special_tokens_mask {form}" for _, length, form in PLL_CASES]
+    descriptions.append("the tiny BERT on a sentence of its corpus")
+    for problem, value, description, tolerance in zip(problems, values, descriptions, (1e-9, 1e-9, 1e-3)):
+        expected, diagnoses = pll_oracle_and_diagnoses(*problem)
+        expect_close(value, expected, f"pseudo_log_likelihood ({description})", diagnoses=diagnoses,
+                     rtol=1e-9, atol=tolerance,
+                     hint="Sum, over the non-special positions t, log softmax(logits)[input_ids[t]] at t in the copy "
+                          "where only t is masked.")
+
+
+class CountingCalls(torch.nn.Module):
+    """Probe side: the model, keeping every batch of ids it is called with."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.batches = model, []
+
+    def forward(self, input_ids=None, *args, **kwargs):
+        self.batches.append(input_ids.detach().clone() if torch.is_tensor(input_ids) else None)
+        return self.model(input_ids, *args, **kwargs)
+
+
+ONE_PASS_CASE = (8904, 11, "a 0/1 integer tensor")
+
+
+@probe
+def stretch_pseudo_log_likelihood_one_pass(seeds, fn):
+    """The model is called once, on a batch of one copy per non-special position, each with only that position
+    masked."""
+    model, input_ids, mask_id, special = pll_sentence(seeds, *ONE_PASS_CASE)
+    counting = CountingCalls(model)
+    _pll(fn, counting, input_ids, mask_id, special)
+    return counting.batches
+
+
+@stretch_pseudo_log_likelihood_one_pass.judge
+def judge_stretch_pseudo_log_likelihood_one_pass(seeds, batches):
+    _, input_ids, mask_id, special = pll_sentence(seeds, *ONE_PASS_CASE)
+    if len(batches) != 1:
+        raise AssertionError(f"the model was called {len(batches)} times for one sentence: stack all the masked "
+                             "copies into one batch (N, T) and call it once.")
+    batch = expect_tensor(batches[0], "the batch of masked copies (model(input_ids=batch))")
+    scored = (~special.bool()).nonzero()[:, 0].tolist()
+    expect_shape(batch, (len(scored), len(input_ids)), "the batch of masked copies",
+                 f"one masked copy per non-special position ({len(scored)} of the {len(input_ids)}), and no copy "
+                 "for [CLS] or [SEP].")
+    masked = batch == mask_id
+    if not ((masked.sum(dim=1) == 1).all() and torch.equal(torch.where(masked, input_ids, batch),
+                                                             input_ids.expand_as(batch))):
+        raise AssertionError("each copy in the batch must be the sentence with exactly one position replaced by "
+                             "mask_token_id, every other token unchanged.")
+    if sorted(masked.nonzero()[:, 1].tolist()) != scored:
+        raise AssertionError("the copies must mask each non-special position once, and never [CLS] or [SEP].")
 
 
 # ---------------------------------------------------------------- warming up the judges

@@ -234,3 +234,73 @@ def test_minibert_is_interchangeable_with_notebook_07s_reference():
     mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids, mask, segments), reference(ids, mask, segments), rtol=0, atol=1e-12)
+
+
+def test_minibert_and_a_tied_head_export_to_bert_for_masked_lm():
+    """The reverse of load_hf_bert_weights: a random MiniBert (random LayerNorms too) and a masked-LM head tied to
+    its embeddings become a BertForMaskedLM with the same logits (float64), padding and segments included; the
+    round trip back through load_hf_bert_weights gives the same tensors; wrong sizes and untied heads refuse."""
+    from transformers import BertForMaskedLM
+
+    from courselib import bert
+    config = small_bert_config(num_hidden_layers=2, layer_norm_eps=1e-7)
+
+    class Head(nn.Module):  # 08's MaskedLMHead, as its exercise asks for it
+        def __init__(self, embeddings, eps):
+            super().__init__()
+            vocab_size, d_model = embeddings.weight.shape
+            self.dense, self.norm = nn.Linear(d_model, d_model), blocks.LayerNorm(d_model, eps)
+            self.decoder = nn.Linear(d_model, vocab_size)
+            self.decoder.weight = embeddings.weight
+
+        def forward(self, hidden):
+            return self.decoder(self.norm(F.gelu(self.dense(hidden))))
+
+    encoder = bert.minibert_like(config).double()
+    head = Head(encoder.token_embeddings, config.layer_norm_eps).double()
+    randomize(encoder, 16), randomize(head, 17)
+    encoder.eval(), head.eval()
+    rng = torch.get_rng_state()
+    theirs = bert.to_hf_bert_for_masked_lm(encoder, head, config)
+    assert torch.equal(torch.get_rng_state(), rng), "the export must leave the global random numbers alone"
+    assert isinstance(theirs, BertForMaskedLM) and not theirs.training and theirs.dtype == torch.float64
+    assert theirs.cls.predictions.decoder.weight is theirs.bert.embeddings.word_embeddings.weight
+    g = seeded(18)
+    ids = torch.randint(0, 40, (3, 10), generator=g)
+    segments = torch.randint(0, 3, (3, 10), generator=g)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        ours = head(encoder(ids, mask, segments))
+        torch.testing.assert_close(theirs(ids, attention_mask=mask, token_type_ids=segments).logits, ours,
+                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(theirs(ids).logits, head(encoder(ids)), rtol=0, atol=1e-12)
+    back = bert.load_hf_bert_weights(bert.minibert_like(config).double(), theirs)
+    for name, tensor in encoder.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    for name, target in bert.mlm_head_hf_names().items():
+        assert torch.equal(theirs.state_dict()[target], head.state_dict()[name]), name
+
+    with pytest.raises(ValueError):   # other sizes
+        bert.to_hf_bert_for_masked_lm(encoder, head, small_bert_config(num_hidden_layers=2, hidden_size=15))
+    with pytest.raises(ValueError):   # another depth
+        bert.to_hf_bert_for_masked_lm(encoder, head, small_bert_config(num_hidden_layers=3))
+    untied = Head(encoder.token_embeddings, config.layer_norm_eps).double()
+    untied.decoder.weight = nn.Parameter(encoder.token_embeddings.weight.detach().clone())
+    with pytest.raises(ValueError):
+        bert.to_hf_bert_for_masked_lm(encoder, untied, config)
+
+
+def test_init_bert_weights_draws_small_weights_and_zero_biases_and_keeps_the_tie():
+    from courselib import bert
+    torch.manual_seed(19)
+    encoder = bert.MiniBert(300, 32, 2, 2, 64, 16)
+    decoder = nn.Linear(32, 300)
+    decoder.weight = encoder.token_embeddings.weight
+    model = nn.ModuleDict({"bert": encoder, "decoder": decoder})
+    assert bert.init_bert_weights(model, std=0.02) is model
+    assert decoder.weight is encoder.token_embeddings.weight
+    assert abs(encoder.token_embeddings.weight.std().item() - 0.02) < 0.002
+    assert abs(encoder.layers[0].ffn.linear1.weight.std().item() - 0.02) < 0.002
+    assert (decoder.bias == 0).all() and (encoder.layers[1].self_attn.q_proj.bias == 0).all()
+    assert (encoder.embedding_norm.weight == 1).all() and (encoder.embedding_norm.bias == 0).all()

@@ -511,3 +511,87 @@ class TiedDecoder(nn.Module):
         return self.decoder(self.transform(hidden))
 """)}),
 ]
+
+
+# ---- pseudo_log_likelihood (optional stretch)
+PLL = "pseudo_log_likelihood_answer"
+PLL_TESTS = ("stretch_pseudo_log_likelihood_values", "stretch_pseudo_log_likelihood_one_pass")
+
+
+def pseudo_log_likelihood(body):
+    return "def pseudo_log_likelihood(model, input_ids, mask_token_id, special_tokens_mask):\n" + body
+
+
+PLL_POSITIONS = """
+    positions = (~special_tokens_mask.bool()).nonzero()[:, 0]
+    rows = torch.arange(len(positions))
+"""
+
+MUTANTS += [
+    # the answer is in the input: one pass over the unmasked sentence
+    Variant("pll_scores_the_unmasked_sentence", {PLL: pseudo_log_likelihood(PLL_POSITIONS + """
+    with torch.no_grad():
+        logits = model(input_ids=input_ids[None]).logits[0]
+    return logits[positions].log_softmax(-1)[rows, input_ids[positions]].sum().item()
+""")}, loses=PLL_TESTS, message="unmasked sentence"),
+    Variant("pll_masks_every_position_at_once", {PLL: pseudo_log_likelihood(PLL_POSITIONS + """
+    masked = input_ids.masked_fill(~special_tokens_mask.bool(), mask_token_id)
+    with torch.no_grad():
+        logits = model(input_ids=masked[None]).logits[0]
+    return logits[positions].log_softmax(-1)[rows, input_ids[positions]].sum().item()
+""")}, loses=PLL_TESTS, message="every position at once"),
+    Variant("pll_scores_cls_and_sep_too", {PLL: pseudo_log_likelihood("""
+    positions = torch.arange(len(input_ids))
+    batch = input_ids.repeat(len(positions), 1)
+    batch[positions, positions] = mask_token_id
+    with torch.no_grad():
+        logits = model(input_ids=batch).logits
+    return logits[positions, positions].log_softmax(-1)[positions, input_ids].sum().item()
+""")}, loses=PLL_TESTS, message="[CLS] and [SEP] too"),
+    Variant("pll_adds_probabilities", {PLL: pseudo_log_likelihood(PLL_POSITIONS + """
+    batch = input_ids.repeat(len(positions), 1)
+    batch[rows, positions] = mask_token_id
+    with torch.no_grad():
+        logits = model(input_ids=batch).logits
+    return logits[rows, positions].softmax(-1)[rows, input_ids[positions]].sum().item()
+""")}, loses=("stretch_pseudo_log_likelihood_values",), message="log-probabilities"),
+    # right values, but T forward passes: only the one-pass test catches it
+    Variant("pll_one_forward_pass_per_position", {PLL: pseudo_log_likelihood("""
+    total = 0.0
+    for t in (~special_tokens_mask.bool()).nonzero()[:, 0].tolist():
+        masked = input_ids.clone()
+        masked[t] = mask_token_id
+        with torch.no_grad():
+            logits = model(input_ids=masked[None]).logits
+        total += logits[0, t].log_softmax(-1)[input_ids[t]].item()
+    return total
+""")}, loses=("stretch_pseudo_log_likelihood_one_pass",), message="called"),
+    Variant("pll_hard_coded_visible_value", {PLL: pseudo_log_likelihood("""
+    return -36.85588305541962  # the visible test's value
+""")}, loses=PLL_TESTS, message="pseudo_log_likelihood"),
+]
+
+ALTERNATIVES += [
+    # the copies built one by one in a loop and stacked, F.cross_entropy for the sum, no no_grad
+    Variant("pll_stacked_copies_and_cross_entropy", {PLL: pseudo_log_likelihood("""
+    positions = [t for t in range(len(input_ids)) if not special_tokens_mask[t]]
+    copies = []
+    for t in positions:
+        copy = input_ids.clone()
+        copy[t] = mask_token_id
+        copies.append(copy)
+    logits = model(torch.stack(copies)).logits
+    at_masks = torch.stack([logits[n, t] for n, t in enumerate(positions)])
+    return -F.cross_entropy(at_masks, input_ids[positions], reduction="sum").item()
+""")}),
+    # torch.where with an identity matrix builds every copy at once; gather picks the true tokens
+    Variant("pll_identity_matrix_and_gather", {PLL: pseudo_log_likelihood("""
+    keep = ~special_tokens_mask.bool()
+    T = len(input_ids)
+    batch = torch.where(torch.eye(T, dtype=torch.bool), mask_token_id, input_ids.expand(T, T))[keep]
+    with torch.inference_mode():
+        logits = model(input_ids=batch).logits
+    diagonal = logits[:, keep.nonzero()[:, 0]].diagonal(dim1=0, dim2=1).T
+    return float(diagonal.log_softmax(-1).gather(-1, input_ids[keep][:, None]).sum())
+""")}),
+]
