@@ -363,7 +363,9 @@ class Watch(TorchFunctionMode):
                 self.op_names[_op_name(obj)] = dotted   # every entry point torch dispatches
             codes = _code_objects(obj)
             self.codes.update({code: dotted for code in codes})
-            if not codes and not dotted.startswith("torch."):
+            # compiled callables: tokenizers' methods, and torch's classes that no torch function mode sees
+            # (torch._C._ImperativeEngine, autograd's engine)
+            if not codes and (not dotted.startswith("torch.") or isinstance(obj, type)):
                 self.c_names.update({name: dotted for name in _c_names(obj, _resolve_parent(dotted)[0])})
         self.findings = []
         self._trusted = 0

@@ -704,6 +704,7 @@ BACKWARD_SHORTCUTS = ["torch.nn.functional.embedding", "torch.embedding", "torch
                       # autograd would compute the answer from a lookup: the probe's grad_output carries no
                       # graph, and these are the ways to run a backward pass on a lookup of one's own
                       "torch.Tensor.backward", "torch.autograd.backward", "torch.autograd.grad",
+                      "torch._C._ImperativeEngine",  # the engine itself: Variable._execution_engine.run_backward(...)
                       *ours("oracle_embedding_grad")]
 BACKWARD_ADVICE = ("add up the rows of grad_output yourself (index_add_, scatter_add_, a one-hot product or a "
                    "loop): F.embedding's backward, run by autograd, is the oracle here.")

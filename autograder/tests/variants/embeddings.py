@@ -239,6 +239,14 @@ MUTANTS = [
     grad = table.grad
 """ + BACKWARD_OPTIONS)}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
         message="flagged for review"),
+    # past Tensor.backward and torch.autograd: the C++ engine that both of them call
+    Variant("backward_by_the_autograd_engine_itself", {BACKWARD: backward("""
+    from torch.autograd.variable import Variable
+    table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
+    Variable._execution_engine.run_backward((table[ids],), (grad_output,), False, False, (), True, True)
+    grad = table.grad
+""" + BACKWARD_OPTIONS)}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
+        message="flagged for review"),
     # ---- answers taken from an oracle or a reference by routes that patching torch during the test
     # cannot see: a reference captured when the cell runs, before any test. The watch sees the call itself.
     Variant("one_hot_oracle_captured_before_the_tests", {ONE_HOT: """
