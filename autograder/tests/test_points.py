@@ -12,7 +12,7 @@ from autograder.grading import is_stretch
 from autograder.submissions import solution_path
 
 ASSIGNMENTS = assignment_ids()
-HEADING = re.compile(r"^### Exercise \d+(?P<optional>[^:`]*optional[^:`]*)?: `(?P<name>\w+)`\s*\n+"
+HEADING = re.compile(r"^### Exercise \d+(?P<optional>[^:`]*optional[^:`]*)?: `(?P<name>\w+)`(?: and `\w+`)?\s*\n+"
                      r"\*\*Difficulty\*\* (?P<stars>[★☆]{3}) .*?\*\*(?P<points>\d+) points?", re.M)
 # points a required exercise may be worth, by difficulty (CONTRIBUTING.md, "Points")
 POINTS_BY_DIFFICULTY = {"★☆☆": range(1, 5), "★★☆": range(2, 8), "★★★": range(5, 9)}
