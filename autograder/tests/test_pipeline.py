@@ -139,9 +139,14 @@ def test_every_exercise_has_an_answer_cell_and_graded_tests(assignment_id):
 
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
 def test_nbgrader_validator_passes_solution_and_fails_release(assignment_id):
-    """nbgrader's Validator (behind JupyterLab's "Validate" button): an empty result means success."""
+    """nbgrader's Validator (behind JupyterLab's "Validate" button): an empty result means success. Every
+    solution passes it. That it fails an untouched release is shown on the exemplar only: that every test of
+    every release fails is test_released_notebook_scores_zero_and_only_stubs_fail's proof, without
+    two more runs of every notebook here."""
     assert private_socket_validator().validate(str(solution_path(assignment_id))) == {}, (
         "the solution fails validation")
+    if assignment_id != "04_self_attention":
+        return
     released = private_socket_validator().validate(str(released_path(assignment_id)))
     assert released.get("failed"), "the untouched release should fail its visible tests"
     assert private_socket_validator(invert=True).validate(str(released_path(assignment_id))) == {}, (

@@ -219,19 +219,6 @@ MUTANTS = [
         grad[padding_idx] = 0.0
     return grad
 """)}, loses=("stretch_embedding_backward_options",), message="NaN"),
-    Variant("backward_one_row_per_position", {BACKWARD: backward("""
-    grad = grad_output.reshape(-1, grad_output.shape[-1]).clone()
-    if padding_idx is not None:
-        grad[ids.reshape(-1) == padding_idx] = 0.0
-    return grad
-""")}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"),
-        message="not one row per position"),
-    Variant("backward_transposed", {BACKWARD: backward("""
-    grad = grad_output.reshape(-1, grad_output.shape[-1]).T @ F.one_hot(ids.reshape(-1), vocab_size).to(grad_output.dtype)
-    if padding_idx is not None:
-        grad[:, padding_idx] = 0.0
-    return grad
-""")}, loses=("stretch_embedding_backward_values", "stretch_embedding_backward_options"), message="not transposed"),
     Variant("backward_by_autograd", {BACKWARD: backward("""
     table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
     vectors = table[ids]   # a lookup by indexing, differentiated by autograd
