@@ -129,6 +129,15 @@ def _mask_tokens(fn, input_ids, vocab_size, **kwargs):
     return inputs, labels
 
 
+def _a_number(result, refusal):
+    """Probe side: a student's number as a float (a one-element tensor is accepted); else `refusal` + its type."""
+    if torch.is_tensor(result) and result.numel() == 1:
+        result = result.item()
+    if not isinstance(result, numbers.Real):
+        raise AssertionError(f"{refusal} {type(result).__name__}.")
+    return float(result)
+
+
 def _pair(result, shape):
     """Judge side: the (inputs, labels) a probe sent, as integer tensors of the input's shape."""
     inputs, labels = result
@@ -616,12 +625,7 @@ def _accuracy(fn, which, examples, k):
     with torch.no_grad():
         result = call(fn, model, tokenizer, examples, k, name="top_k_accuracy",
                       helpers={"fill_mask": reference_fill_mask})
-    if torch.is_tensor(result) and result.numel() == 1:
-        result = result.item()
-    if not isinstance(result, numbers.Real):
-        raise AssertionError(f"top_k_accuracy should return a number between 0 and 1, "
-                             f"but it returned a {type(result).__name__}.")
-    return float(result)
+    return _a_number(result, "top_k_accuracy should return a number between 0 and 1, but it returned a")
 
 
 def accuracy_cases(seeds):
@@ -1006,12 +1010,7 @@ def pll_tiny_sentence(seeds):
 
 def _pll(fn, model, input_ids, mask_id, special):
     value = call(fn, model, input_ids.clone(), mask_id, special.clone(), name="pseudo_log_likelihood")
-    if torch.is_tensor(value) and value.numel() == 1:
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        raise AssertionError(f"pseudo_log_likelihood should return a Python float (.item()), not a "
-                             f"{type(value).__name__}.")
-    return float(value)
+    return _a_number(value, "pseudo_log_likelihood should return a Python float (.item()), not a")
 
 
 def pll_terms(model, input_ids, mask_id, masked):
