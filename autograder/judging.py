@@ -61,8 +61,10 @@ def hidden_check_ref(source):
 
 
 def load_checks_in_background(refs):
-    """Import the check modules (and torch with them) in a thread; join it before judging."""
-    modules = sorted({ref.partition(":")[0] for ref in refs})
+    """Import the check modules and their judges (and torch with them) in a thread; join it before judging."""
+    from autograder.checks.common import judges_module
+    probes = sorted({ref.partition(":")[0] for ref in refs})
+    modules = [name for module in probes for name in (module, judges_module(module))]
 
     def load():
         for module in modules:
@@ -76,13 +78,12 @@ def load_checks_in_background(refs):
 
 
 def resolve_check(ref):
-    """The Check object, or None for a check written in the older in-kernel style."""
+    """The Check object with its judge. A check that cannot be found or loaded is the course's bug, said
+    plainly (the cell fails: a test the grader cannot judge never passes)."""
     from autograder.checks.common import resolve
     try:
         return resolve(ref)
-    except LookupError:
-        return None
-    except Exception as error:  # a check module that does not import is the course's bug, said plainly
+    except Exception as error:
         raise RuntimeError(f"the hidden test {ref} could not be loaded: {type(error).__name__}: {error}") from None
 
 
@@ -111,9 +112,10 @@ def judge_cell(grade_id, ref, cell_token, messages):
     """Decide one armed test cell from the probe messages that arrived while it ran."""
     from autograder import wire
     from autograder.checks.common import Seeds, Taken, quiet
-    check = resolve_check(ref)
-    if check is None:
-        return Verdict()  # an older-style check judged itself in the kernel
+    try:
+        check = resolve_check(ref)
+    except RuntimeError as error:
+        return Verdict("AssertionError", str(error), flag=f"test '{grade_id}': {error}")
     mine = [m for m in messages if m.get("token") == cell_token and m.get("check") == ref]
     if len(mine) != 1 or len(messages) != 1:
         if not messages:

@@ -154,9 +154,16 @@ class Check:
             raise AssertionError(str(outcome["failed"]))
         if "data" not in outcome:
             raise AssertionError("the hidden test's results were malformed")
+        self.load_judge()(seeds, outcome["data"])
+
+    def load_judge(self):
+        """The judge, registered by importing the check's judges module (autograder/judges/<topic>.py),
+        which only the grader can import: it is not mounted in the grading sandbox."""
         if self.judge_function is None:
-            raise RuntimeError(f"check {self.ref} has no judge")
-        self.judge_function(seeds, outcome["data"])
+            importlib.import_module(judges_module(self.module))
+        if self.judge_function is None:
+            raise RuntimeError(f"check {self.ref} has no judge in {judges_module(self.module)}")
+        return self.judge_function
 
 
 def probe(function):
@@ -172,7 +179,13 @@ def resolve(ref):
     check = getattr(importlib.import_module(module_name), name, None)
     if not isinstance(check, Check):
         raise LookupError(f"{ref} is not a hidden check")
+    check.load_judge()
     return check
+
+
+def judges_module(checks_module):
+    """'autograder.judges.gpt' for 'autograder.checks.gpt': where a topic's judges live."""
+    return "autograder.judges." + checks_module.rpartition(".")[2]
 
 
 # ------------------------------------------------------------------------------------ calling
