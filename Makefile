@@ -44,7 +44,7 @@ lab: env  ## open JupyterLab on the student notebooks in course/
 test check release grade grade-benchmark: export HF_HUB_OFFLINE := 1
 
 test: env $(CHROMIUM)  ## run the whole test suite (offline)
-	$(BIN)/python -m pytest -n $(JOBS) --durations=15
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup --durations=15
 
 release: env  ## regenerate course/ from solutions/ with nbgrader generate_assignment
 	$(BIN)/python -m autograder release

@@ -72,21 +72,30 @@ class GuardedExecute(PrivateSocketExecute):
             if ref:
                 grade_id = cell.metadata.nbgrader["grade_id"]
                 self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
+        self._key = key
         self._report_token = judging.token(key, "guard report")
         # The judges need torch (about 2 s to import): load them while the kernel starts and runs.
-        warm_up = judging.load_checks_in_background(ref for _, ref, _ in self._armed.values())
-        nb.cells.append(new_code_cell(f"__import__('autograder.guard').guard.report({self._report_token!r})",
-                                      id="autograder-guard"))
+        self._warm_up = judging.load_checks_in_background(ref for _, ref, _ in self._armed.values())
+        nb.cells.append(guard_cell(self._report_token))
+        self._guard_index = len(nb.cells) - 1
+        self._finished = None
         try:
             nb, resources = super().preprocess(nb, resources, km)
         finally:
             nb.cells.pop()
-        resources["guard_findings"] = self._guard_findings()
-        warm_up.join()
-        resources["judge_flags"] = self._judge(nb)
+        if self._finished is None:  # the guard's cell never ran to its end
+            self._finished = self.finish(nb)
+        resources["guard_findings"], resources["judge_flags"] = self._finished
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
+        result = self.execute_armed(cell, resources, index)
+        if index == self._guard_index:
+            self._finished = self.finish(self.nb, resources)  # the kernel is still there (see replay.py)
+        return result
+
+    def execute_armed(self, cell, resources, index):
+        """Run one cell; a test cell runs with the grader's `arm(token)` line in front."""
         if index not in self._armed:
             return super().preprocess_cell(cell, resources, index)
         source = cell.source
@@ -95,6 +104,12 @@ class GuardedExecute(PrivateSocketExecute):
             return super().preprocess_cell(cell, resources, index)
         finally:
             cell.source = source
+
+    def finish(self, nb, resources=None):
+        """After the last cell: the guard's findings and the judges' verdicts, as (findings, flags)."""
+        findings = self._guard_findings()
+        self._warm_up.join()
+        return findings, self._judge(nb)
 
     def process_message(self, msg, cell, cell_index):
         msg_type, content = msg["msg_type"], msg["content"]
@@ -157,10 +172,12 @@ class GuardedExecute(PrivateSocketExecute):
         findings = [str(f) for f in reports[0].get("findings", [])] if isinstance(reports[0].get("findings"), list) else [NO_REPORT]
         return findings + ([FORGED_REPORT] if len(self._reports) > 1 else [])
 
-    def _judge(self, nb):
-        """Decide every armed test cell that ran without an error; return the flags for review."""
+    def _judge(self, nb, indices=None):
+        """Decide every armed test cell (of `indices`) that ran without an error; return the flags for review."""
         flags = []
         for index, (grade_id, ref, cell_token) in self._armed.items():
+            if indices is not None and index not in indices:
+                continue
             cell = nb.cells[index]
             if judging.has_error(cell):
                 continue  # failing already (the visible part, or an unanswered exercise)
@@ -170,6 +187,11 @@ class GuardedExecute(PrivateSocketExecute):
             if verdict.flag:
                 flags.append(verdict.flag)
         return flags
+
+
+def guard_cell(report_token):
+    """The grader's last cell: the guard reports what the notebook changed, with this run's token."""
+    return new_code_cell(f"__import__('autograder.guard').guard.report({report_token!r})", id="autograder-guard")
 
 
 class ZeroScoresOnTampering(NbGraderPreprocessor):

@@ -266,10 +266,10 @@ def _zero_report(assignment_id, name, source_nb, errors, flags=()):
     return Report.of(name, tests, errors, flags)
 
 
-def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="preferred"):
+def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="preferred", executor=None):
     """Grade the notebook at `path` and return a Report. Never raises on a bad submission.
     `sandbox_mode` (autograder/sandbox.py): "preferred" grades unsandboxed, with a warning, where the
-    machine has no sandbox."""
+    machine has no sandbox. `executor`: a subclass of GuardedExecute to run it (the suite's replay)."""
     path = pathlib.Path(path)
     errors = []
     try:
@@ -293,7 +293,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
         flags = integrity_flags(nb, source_nb)
         sanitize(nb, source_nb)
         flags += restore_answer_cells(nb, assignment_id)
-        autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout, sandbox_mode)
+        autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout, sandbox_mode, executor)
     except Exception as error:  # a submission must never crash the grader
         return _zero_report(assignment_id, assignment_id, source_nb,
                             errors + [f"could not grade {path.name}: {type(error).__name__}: {error}"])
@@ -316,16 +316,16 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
     return Report.of(assignment_id, tests, errors, flags)
 
 
-def autograde(nb, assignment_id, cell_timeout=None, sandbox_mode="preferred"):
+def autograde(nb, assignment_id, cell_timeout=None, sandbox_mode="preferred", executor=None):
     """nbgrader generate_assignment + autograde of `nb` in a throw-away course folder.
 
     Returns (the autograded notebook or None, {grade_id: score} or None, [errors]).
     """
     with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
-        return _autograde(nb, assignment_id, pathlib.Path(tmp), cell_timeout, sandbox_mode)
+        return _autograde(nb, assignment_id, pathlib.Path(tmp), cell_timeout, sandbox_mode, executor)
 
 
-def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred"):
+def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred", executor=None):
     from autograder.sandbox import warn_if_unsandboxed
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
@@ -336,6 +336,9 @@ def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred"):
         config.Execute.timeout = int(cell_timeout)
     config.NbGraderAPI.log_level = logging.ERROR
     config.GuardedExecute.sandbox = sandbox_mode
+    if executor is not None:
+        config.Autograde.autograde_preprocessors = [executor if step.__name__ == "GuardedExecute" else step
+                                                    for step in config.Autograde.autograde_preprocessors]
     warn_if_unsandboxed(sandbox_mode)  # before stderr goes to the kernel's log
     coursedir = CourseDirectory(config=config)
     api = NbGraderAPI(coursedir=coursedir, config=config)

@@ -1,29 +1,39 @@
-"""Test strength: every mutant loses points with a teaching message; every alternative scores 100%."""
+"""Test strength: every mutant loses points with a teaching message; every alternative scores 100%.
+
+Each notebook's variants are graded by replay (autograder/replay.py): the notebook filled with the
+reference answers runs once through the real path (nbgrader autograde, the OS sandbox, the judges), and
+each variant is graded in that same kernel by running the cells it reaches, with the same probes, wire
+and judges. A sample of each notebook's variants also goes through the real path on its own
+(`grading.check_notebook`), and its verdicts must equal the replay's, test cell by test cell: that is
+what proves the replay grades as grading does. All tests of one notebook run in one xdist group
+(`--dist loadgroup`), so that its replay runs once.
+"""
+import hashlib
+
 import pytest
 
+from autograder.replay import replay
 from autograder.submissions import student_notebook
-from autograder.tests.conftest import scores_by_test
 from autograder.tests.variants import variants_by_assignment
 
 VARIANTS = variants_by_assignment()
 MUTANTS = [(a, v) for a, (mutants, _) in VARIANTS.items() for v in mutants]
+ALTERNATIVES = [(a, v) for a, (_, alternatives) in VARIANTS.items() for v in alternatives]
+_replays = {}
 
 
-def in_batches(alternatives):
-    """The alternatives in groups that replace no answer cell twice. One notebook holding a whole group
-    proves each of its alternatives: it is graded among correct answers only, so full marks means that
-    every one of them passed (a notebook per alternative took four times as long)."""
-    batches = []
-    for alternative in alternatives:
-        batch = next((b for b in batches if not set(alternative.answers) & {g for v in b for g in v.answers}), None)
-        if batch is None:
-            batches.append([alternative])
-        else:
-            batch.append(alternative)
-    return batches
+def replayed(assignment_id):
+    """(the reference's report, {"mutant:<name>" / "alternative:<name>": Outcome}), once per process."""
+    if assignment_id not in _replays:
+        mutants, alternatives = VARIANTS[assignment_id]
+        variants = {**{f"mutant:{v.name}": v.answers for v in mutants},
+                    **{f"alternative:{v.name}": v.answers for v in alternatives}}
+        _replays[assignment_id] = replay(assignment_id, variants)
+    return _replays[assignment_id]
 
 
-ALTERNATIVE_BATCHES = [(a, batch) for a, (_, alternatives) in VARIANTS.items() for batch in in_batches(alternatives)]
+def grouped(cases, describe):
+    return [pytest.param(case, id=describe(case), marks=pytest.mark.xdist_group(case[0])) for case in cases]
 
 
 def variant_id(case):
@@ -31,9 +41,13 @@ def variant_id(case):
     return f"{assignment_id}:{variant.name}"
 
 
-def batch_id(case):
-    assignment_id, batch = case
-    return f"{assignment_id}:" + "+".join(v.name for v in batch)
+def sample(assignment_id):
+    """One mutant and one alternative of a notebook, the same in every run (chosen by a hash of names)."""
+    mutants, alternatives = VARIANTS[assignment_id]
+
+    def pick(variants):
+        return min(variants, key=lambda v: hashlib.sha256(f"{assignment_id}:{v.name}".encode()).hexdigest())
+    return [("mutant", pick(mutants)), ("alternative", pick(alternatives))]
 
 
 def test_every_notebook_keeps_mutants_and_alternatives():
@@ -44,36 +58,55 @@ def test_every_notebook_keeps_mutants_and_alternatives():
             f"{assignment_id} needs known-bug variants and alternative correct answers in tests/variants/")
 
 
-@pytest.mark.parametrize("case", MUTANTS, ids=[variant_id(c) for c in MUTANTS])
-def test_mutant_loses_points(case, grade_in_tmp):
+@pytest.mark.parametrize("assignment_id", grouped([(a,) for a in VARIANTS], lambda c: c[0]))
+def test_reference_answers_score_full_marks_in_the_replay(assignment_id):
+    """The replay's reference run is the real path (autograde in the sandbox) on the released notebook
+    with the reference answers typed in: full marks, no flags, no errors."""
+    (assignment_id,) = assignment_id
+    report, _ = replayed(assignment_id)
+    assert report.full_marks, [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
+    assert report.flags == [] and report.errors == [], (report.flags, report.errors)
+
+
+@pytest.mark.parametrize("case", grouped(MUTANTS, variant_id))
+def test_mutant_loses_points(case):
     assignment_id, mutant = case
-    report = grade_in_tmp(student_notebook(assignment_id, mutant.answers), assignment_id)
-    assert report.errors == [], report.errors
-    assert not report.full_marks, f"mutant {mutant.name} got full marks: the tests cannot catch it"
-    tests = scores_by_test(report)
+    outcome = replayed(assignment_id)[1][f"mutant:{mutant.name}"]
+    assert outcome.errors == [], outcome.errors
+    assert any(earned < worth for earned, worth in outcome.scores.values()), (
+        f"mutant {mutant.name} got full marks: the tests cannot catch it")
     for grade_id in mutant.loses:
-        assert not tests[grade_id].passed, f"mutant {mutant.name} should lose points on {grade_id}"
-        assert tests[grade_id].message, f"{grade_id} failed without a message"
-    first = tests[mutant.loses[0]].message
+        earned, worth = outcome.scores[grade_id]
+        assert earned < worth, f"mutant {mutant.name} should lose points on {grade_id}"
+        assert outcome.messages[grade_id], f"{grade_id} failed without a message"
+    first = outcome.messages[mutant.loses[0]]
     assert mutant.message in first, (
         f"{mutant.loses[0]}'s message should name the misconception ({mutant.message!r}); it says: {first}")
 
 
-@pytest.mark.parametrize("case", ALTERNATIVE_BATCHES, ids=[batch_id(c) for c in ALTERNATIVE_BATCHES])
-def test_alternatives_get_full_marks(case, grade_in_tmp):
-    assignment_id, batch = case
-    answers = {grade_id: source for alternative in batch for grade_id, source in alternative.answers.items()}
-    report = grade_in_tmp(student_notebook(assignment_id, answers), assignment_id)
-    lost = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
-    names = ", ".join(f"{v.name} ({', '.join(v.answers)})" for v in batch)
-    assert report.full_marks, f"correct alternatives lost points: {lost}; the alternatives here: {names}"
-    assert report.errors == []
+@pytest.mark.parametrize("case", grouped(ALTERNATIVES, variant_id))
+def test_alternative_gets_full_marks(case):
+    assignment_id, alternative = case
+    outcome = replayed(assignment_id)[1][f"alternative:{alternative.name}"]
+    lost = [f"{g}: {outcome.messages[g]}" for g, (earned, worth) in outcome.scores.items() if earned < worth]
+    assert not lost, f"the correct alternative {alternative.name} ({', '.join(alternative.answers)}) lost points: {lost}"
+    assert outcome.errors == [] and outcome.flags == [], (outcome.errors, outcome.flags)
 
 
-def test_alternative_batches_hold_every_alternative_once():
-    for assignment_id, (_, alternatives) in VARIANTS.items():
-        batched = [v for a, batch in ALTERNATIVE_BATCHES if a == assignment_id for v in batch]
-        assert sorted(v.name for v in batched) == sorted(v.name for v in alternatives), assignment_id
-        for a, batch in ALTERNATIVE_BATCHES:
-            cells = [g for v in batch for g in v.answers]
-            assert len(cells) == len(set(cells)), f"{a}: a batch replaces an answer cell twice: {batch_id((a, batch))}"
+@pytest.mark.parametrize("assignment_id", grouped([(a,) for a in VARIANTS], lambda c: c[0]))
+def test_the_real_path_agrees_with_the_replay(assignment_id, grade_in_tmp):
+    """A sample of variants graded on their own, each in a fresh sandboxed kernel through nbgrader
+    autograde: the same score on every test cell, the same messages and the same flags as the replay."""
+    (assignment_id,) = assignment_id
+    outcomes = replayed(assignment_id)[1]
+    for kind, variant in sample(assignment_id):
+        report = grade_in_tmp(student_notebook(assignment_id, variant.answers), assignment_id,
+                              name=f"{variant.name}.ipynb")
+        outcome = outcomes[f"{kind}:{variant.name}"]
+        real = {t.grade_id: (t.score, t.max_score) for t in report.tests}
+        assert real == outcome.scores, f"{kind} {variant.name}: real path {real} != replay {outcome.scores}"
+        messages = {t.grade_id: t.message for t in report.tests}
+        assert messages == outcome.messages, f"{kind} {variant.name}: messages differ"
+        assert report.flags == outcome.flags and report.errors == outcome.errors, (
+            f"{kind} {variant.name}: real path flags {report.flags} errors {report.errors}, "
+            f"replay flags {outcome.flags} errors {outcome.errors}")

@@ -1,0 +1,256 @@
+"""Grade many variants of one notebook in one grading kernel: how the test suite proves its mutants fast.
+
+The suite holds hundreds of variants (autograder/tests/variants/): mutants that must lose points with a
+teaching message, alternatives that must keep full marks. Graded one by one through the real path
+(`grading.check_notebook`), each starts a sandboxed kernel, imports torch and runs every cell of its
+notebook, training included: most of what it runs is the same for every variant of that notebook.
+
+`replay(assignment_id, variants)` runs the same real path once, for the notebook filled with the
+reference answers: nbgrader's autograde in the OS sandbox, the course's `GuardedExecute`, the judges,
+the gradebook. Then, in that same kernel, before it shuts down, `ReplayExecute` grades each variant by
+running only the cells the variant reaches:
+1. the answer cells it replaces, with its sources;
+2. every later test cell that reads or changes, directly or through earlier cells, a name those answers
+   bind (autograder/source.py reads this off the sources), and the cells such test cells need;
+3. each cell starts from the random state (torch, NumPy, `random`) that the reference run had at that
+   cell, so that a test with unseeded inputs sees the inputs a full run would give it;
+4. test cells are armed with the tokens a full grading run with the same key would give them, their
+   probes' data are judged by the same judges (`GuardedExecute._judge` and autograder/judging.py), the
+   guard reports with a token of the variant's own, and the scores come from nbgrader's own
+   `determine_grade` after the course's own post-processors (stderr relabelled, tampering zeroes);
+   test cells the variant does not reach keep the reference run's verdicts;
+5. then the reference sources of those cells run again, which puts the kernel back as it was.
+A variant that makes the guard report anything (tampering leaves the kernel changed) or kills the
+kernel ends the replay: the remaining variants get a fresh kernel and a fresh reference run.
+
+What this does not prove, the real path does: the suite grades every solution and release, the demo
+class, the hostile suites and a sample of each notebook's mutants through `check_notebook`, and
+checks that the replay's verdicts equal the real path's, test cell by test cell, for that sample
+(autograder/tests/test_variants.py).
+"""
+import collections
+import copy
+import dataclasses
+import logging
+import pathlib
+import tempfile
+
+import nbformat
+from nbgrader import utils
+
+from autograder import judging
+from autograder.execute import GuardedExecute, guard_cell
+from autograder.source import cell_names
+
+RNG_STORE = "__autograder_replay_random_states__"  # in the kernel's namespace: the reference run's states
+
+
+@dataclasses.dataclass
+class Plan:
+    """Which cells one variant runs (ascending indices), and which of them put the kernel back after."""
+    run: list
+    restore: list
+
+
+def plan(sources, armed, replaced):
+    """The cells a variant that replaces the answer cells `replaced` ({index: new source}) must run.
+
+    `sources` are the notebook's cells as graded (None for markdown), `armed` the indices of its test
+    cells. A cell is reached when it reads or changes a name that a replaced cell, or a reached cell
+    before it, binds or changes; names bound by imports are library code and never reached. Reached
+    test cells run; a reached cell that is not a test runs only when a cell that runs after it reads
+    what it binds or changes."""
+    names = {i: cell_names(s) for i, s in enumerate(sources) if s is not None}
+    library = set().union(*(n.imports for n in names.values())) - {"*"}
+    first = min(replaced)
+    tainted = set()
+    for index, source in replaced.items():
+        for version in (sources[index], source):
+            found = cell_names(version)
+            tainted |= found.binds | found.changes | ({"*"} if found.opaque else set())
+    tainted -= library
+    reached = []
+    for index in range(first + 1, len(sources)):
+        if index in replaced or index not in names:
+            continue
+        if names[index].touches(tainted):
+            reached.append(index)
+            tainted |= (names[index].binds | names[index].changes) - library
+    needed, wanted = set(), set()
+    for index in reversed(reached):
+        cell = names[index]
+        if index in armed or cell.opaque or "*" in wanted or (cell.binds | cell.changes) & wanted:
+            needed.add(index)
+            wanted |= cell.reads | cell.changes
+    run = sorted(set(replaced) | needed)
+    restore = [i for i in run if i not in armed or (names[i].binds | names[i].changes) & _read_after(names, i)]
+    return Plan(run, restore)
+
+
+def _read_after(names, index):
+    return set().union(*(n.reads | n.changes for i, n in names.items() if i > index))
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One variant's grading: scores and messages per test cell, the notebook's flags, and errors."""
+    scores: dict        # grade_id -> (score, max_score)
+    messages: dict      # grade_id -> failure message ("" when passed)
+    flags: list
+    errors: list
+    cells_run: int
+
+
+class Restart(Exception):
+    """The kernel is no longer as the reference left it (tampering found, or it died)."""
+
+
+class ReplayExecute(GuardedExecute):
+    """`GuardedExecute` that, once the reference notebook has run and been judged, grades the variants
+    of `ReplayExecute.pending` in the same kernel (see the module's docstring)."""
+
+    pending = None      # [(name, {answer grade_id: source})], set by replay() for the next autograde here
+    results = None      # name -> Outcome, filled in as variants are graded
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._pristine = [copy.deepcopy(cell) for cell in nb.cells]
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if ReplayExecute.pending is not None and index < len(self._pristine):
+            self._silent(f"{RNG_STORE} = globals().get({RNG_STORE!r}, {{}}); {RNG_STORE}[{index}] = ("
+                         "__import__('torch').get_rng_state(), __import__('numpy').random.get_state(), "
+                         "__import__('random').getstate())")
+        return super().preprocess_cell(cell, resources, index)
+
+    def finish(self, nb, resources=None):
+        reference = super().finish(nb, resources)
+        if ReplayExecute.pending is not None:
+            self._grade_variants(nb, resources, reference)
+        return reference
+
+    # ------------------------------------------------------------------------------- the variants
+    def _grade_variants(self, nb, resources, reference):
+        judged = copy.deepcopy(nb)  # the reference's cells, judged: what unreached test cells keep
+        judged.cells.pop()          # the guard's cell
+        sources = [cell.source if cell.cell_type == "code" else None for cell in self._pristine]
+        answer_at = {cell.metadata.nbgrader["grade_id"]: i for i, cell in enumerate(self._pristine)
+                     if utils.is_solution(cell)}
+        saved = (self._received, self._reports, self._report_token, self._output_bytes, self._errors,
+                 self._probe_bytes)
+        try:
+            while ReplayExecute.pending:
+                name, answers = ReplayExecute.pending[0]
+                replaced = {answer_at[grade_id]: source for grade_id, source in answers.items()}
+                steps = plan(sources, set(self._armed), replaced)
+                try:
+                    ReplayExecute.results[name] = self._grade_one(name, replaced, steps, judged, resources)
+                    ReplayExecute.pending.pop(0)
+                    self._put_back(steps, resources)
+                except Restart as error:
+                    ReplayExecute.pending.pop(0)
+                    if error.args and isinstance(error.args[0], Outcome):
+                        ReplayExecute.results[name] = error.args[0]
+                    return
+        finally:
+            (self._received, self._reports, self._report_token, self._output_bytes, self._errors,
+             self._probe_bytes) = saved
+
+    def _fresh_capture(self, report_token):
+        self._received = collections.defaultdict(list)
+        self._reports = []
+        self._report_token = report_token
+        self._output_bytes = collections.Counter()
+        self._errors = collections.Counter()
+        self._probe_bytes = 0
+
+    def _grade_one(self, name, replaced, steps, judged, resources):
+        self._fresh_capture(judging.token(self._key, "guard report", name))
+        ran = {}
+        try:
+            for index in steps.run:
+                cell = copy.deepcopy(self._pristine[index])
+                if index in replaced:
+                    cell.source = replaced[index]
+                ran[index] = self._run(cell, resources, index)
+            self.execute_armed(guard_cell(self._report_token), resources, self._guard_index)
+        except Exception as error:  # the kernel died or stopped answering: no later variant may use it
+            raise Restart(Outcome({}, {}, [], [f"the kernel could not run this variant: {type(error).__name__}: "
+                                               f"{error}"], len(ran))) from None
+        findings = self._guard_findings()
+        graded = copy.deepcopy(judged)
+        for index, cell in ran.items():
+            graded.cells[index] = cell
+        flags = self._judge(graded, indices=set(ran))
+        outcome = score(graded, findings, flags, self.config, len(ran))
+        if findings:
+            raise Restart(outcome)
+        return outcome
+
+    def _put_back(self, steps, resources):
+        self._fresh_capture("none")
+        for index in steps.restore:
+            self._run(copy.deepcopy(self._pristine[index]), resources, index)
+
+    def _run(self, cell, resources, index):
+        """Run one cell as the grader does (armed if it is a test), from the reference's random state."""
+        self._silent(f"_s = {RNG_STORE}[{index}]; __import__('torch').set_rng_state(_s[0]); "
+                     "__import__('numpy').random.set_state(_s[1]); __import__('random').setstate(_s[2]); del _s")
+        cell.outputs = []
+        self.execute_armed(cell, resources, index)
+        return cell
+
+    def _silent(self, code):
+        """Run grader code in the kernel with no output and no trace in the notebook."""
+        reply = self.wait_for_reply(self.kc.execute(code, silent=True, store_history=False, allow_stdin=False))
+        if reply is None or reply["content"]["status"] != "ok":
+            raise RuntimeError(f"the replay's own code failed in the kernel: {reply and reply['content']}")
+
+
+def score(nb, findings, flags, config, cells_run):
+    """Scores and messages of a graded notebook, by the course's post-processors and nbgrader's
+    `determine_grade`, as `nbgrader autograde` computes them before it saves them."""
+    from autograder.config import autograde_preprocessors
+    from autograder.grading import _failure_message, guard_flags, runaway_notes
+    resources = {"guard_findings": findings, "judge_flags": flags}
+    for step in autograde_preprocessors():
+        if step.__name__ in ("GuardedExecute", "ClearMetadataPreprocessor", "SaveAutoGrades",
+                             "AssignLatePenalties", "CheckCellMetadata"):
+            continue
+        nb, resources = step(config=config).preprocess(nb, resources)
+    scores, messages = {}, {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
+            grade_id = cell.metadata.nbgrader["grade_id"]
+            earned, worth = utils.determine_grade(cell, logging.getLogger("replay"))
+            scores[grade_id] = (float(earned), float(worth))
+            messages[grade_id] = "" if earned >= worth else (_failure_message(cell) or "this test did not run")
+    return Outcome(scores, messages, guard_flags(nb) + runaway_notes(nb), [], cells_run)
+
+
+def replay(assignment_id, variants, cell_timeout=None):
+    """Grade `variants` ({name: {answer grade_id: source}}) of one notebook; returns (the reference's
+    Report from the real path, {name: Outcome}). Variants that need a fresh kernel get one."""
+    from autograder import grading
+    from autograder.submissions import student_notebook
+    source_nb = grading.source_notebook(assignment_id)
+    results, remaining, reference = {}, dict(variants), None
+    with tempfile.TemporaryDirectory(prefix="replay-") as tmp:
+        path = pathlib.Path(tmp) / f"{assignment_id}.ipynb"
+        nbformat.write(student_notebook(assignment_id), path)
+        while remaining or reference is None:
+            ReplayExecute.pending = list(remaining.items())
+            ReplayExecute.results = results
+            try:
+                report = grading.check_notebook(path, assignment_id, cell_timeout, executor=ReplayExecute)
+            finally:
+                ReplayExecute.pending = None
+            reference = reference or report
+            graded_now = [name for name in remaining if name in results]
+            if remaining and not graded_now:
+                raise RuntimeError(f"the replay of {assignment_id} graded no variant: {report.errors}")
+            for name in graded_now:
+                del remaining[name]
+    for name, answers in variants.items():
+        results[name].flags[:0] = grading.integrity_flags(student_notebook(assignment_id, answers), source_nb)
+    return reference, results
