@@ -166,3 +166,67 @@ def main(submissions=DEMO_CLASS_DIR):
 
 if __name__ == "__main__":
     sys.exit(main(*sys.argv[1:]))
+
+
+# ------------------------------------------------------------------------------ the client's merges
+MERGE_ASSIGNMENTS = ("04_self_attention", "09_gpt")
+
+
+class SyntheticEngine:
+    """Results made up on the spot for every task, as fast as the client takes them: what the client's
+    merging costs when workers are never the bound. Scores follow a rule of the task's name, so that a
+    test can check every merged one."""
+    description = "synthetic results"
+    dashboard = None
+    workers = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def check_workers(self, packages, sandbox_mode):
+        return {"digest": "synthetic"}
+
+    def run(self, tasks):
+        cells = {a: grading.grade_cells(grading.source_notebook(a)) for a in {t.assignment for t in tasks}}
+        for task in tasks:
+            grades = {grade_id: {"auto_score": synthetic_score(task.student, grade_id, points), "manual_score": None,
+                                 "extra_credit": None, "needs_manual_grade": False}
+                      for grade_id, points in cells[task.assignment]}
+            result = {"student": task.student, "assignment": task.assignment, "seconds": 1.0, "error": None,
+                      "submission": {"timestamp": None, "notebooks": [
+                          {"name": task.assignment, "flagged": False, "late_submission_penalty": None,
+                           "grades": grades, "comments": {}}]},
+                      "findings": [], "autograded": {f"{task.assignment}.ipynb": b"{}"},
+                      "feedback": {f"{task.assignment}.html": b"<html></html>"}, "log": "", "worker": "synthetic"}
+            yield cluster.Outcome(task, result)
+
+
+def synthetic_score(student, grade_id, points):
+    """Full marks, except 0 on the tests whose name and the student's number share a parity."""
+    return 0.0 if (int(student.rpartition("-")[2]) + len(grade_id)) % 2 else float(points)
+
+
+def synthetic_class(root, students, assignments=MERGE_ASSIGNMENTS):
+    """(the class's Items, its Ledger): `students` × `assignments` hand-ins, never written to disk."""
+    from autograder import classroom
+    classroom.prepare_gradebook(root, list(assignments))
+    items = [classroom.Item(f"student-{n:05d}", a, "synthetic") for n in range(students) for a in assignments]
+    return items, classroom.Ledger(pathlib.Path(root) / LEDGER)
+
+
+def merge_benchmark(results=10_000, root=None):
+    """Merge `results` synthetic results into a class the way `make grade` does (in batches); the
+    client's seconds per notebook and notebooks per minute."""
+    from autograder import classroom
+    with tempfile.TemporaryDirectory(prefix="merge-benchmark-") as tmp:
+        root = pathlib.Path(root or tmp)
+        items, ledger = synthetic_class(root, results // len(MERGE_ASSIGNMENTS))
+        start = time.perf_counter()
+        merging = classroom.grade_pending(root, items, ledger, 60, SyntheticEngine(), "synthetic", "off", quiet=True)
+        wall = time.perf_counter() - start
+    return {"results": len(items), "merge_seconds": round(merging, 2), "wall_seconds": round(wall, 2),
+            "merge_seconds_per_notebook": round(merging / len(items), 5),
+            "notebooks_per_minute_merged": round(60 * len(items) / merging)}

@@ -17,9 +17,11 @@ The class is an nbgrader course in autograder/work/class/ (sources: solutions/):
    exercise, and a table.
 """
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -33,6 +35,7 @@ import zipfile
 
 import nbformat
 from nbgrader.plugins import FileNameCollectorPlugin
+from sqlalchemy import and_, delete, insert, or_, select
 from traitlets import Unicode
 
 from autograder import cluster, grading, sandbox
@@ -265,6 +268,7 @@ def expected_seconds(ledger):
         if not entry["errors"] and entry.get("seconds"):
             seen.setdefault(entry["assignment"], []).append(entry["seconds"])
 
+    @functools.lru_cache(maxsize=None)
     def estimate(assignment):
         if seen.get(assignment):
             times = sorted(seen[assignment])
@@ -274,9 +278,28 @@ def expected_seconds(ledger):
     return estimate
 
 
-def merge_result(root, result):
-    """Write one task's result into the class: autograded notebook, feedback, log, and its gradebook
-    rows in one transaction (a kill leaves the gradebook as it was; the ledger line comes after)."""
+# ---------------------------------------------------------------------------------------- merging
+# A batch of results goes into the class in one transaction: every result's gradebook rows and its
+# ledger entry (a table of the gradebook's own database), so that a kill at any point leaves the gradebook
+# holding exactly the notebooks of the ledger, each whole. ledger.jsonl is a readable copy, written after
+# each commit and rewritten from the database when a kill came between the two.
+LEDGER_TABLE = "autograder_ledger"
+BATCH_SIZE = 500          # results per transaction, at most
+BATCH_SECONDS = 1.0       # a result waits at most this long (or until the next result arrives) to be merged
+
+
+def _ledger_table():
+    from sqlalchemy import Column, MetaData, String, Table, Text
+    return Table(LEDGER_TABLE, MetaData(), Column("student", String(128), primary_key=True),
+                 Column("assignment", String(128), primary_key=True), Column("entry", Text(), nullable=False))
+
+
+def gradebook_path(root):
+    return pathlib.Path(root) / "gradebook.db"
+
+
+def write_files(root, result):
+    """A result's autograded notebook, feedback HTML and log, in the class's folders (before its rows)."""
     root = pathlib.Path(root)
     student, assignment = result["student"], result["assignment"]
     for folder, files in (("autograded", result["autograded"]), ("feedback", result["feedback"])):
@@ -288,122 +311,233 @@ def merge_result(root, result):
     log = root / "logs" / f"{student}-{assignment}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result["log"])
-    merge_submission(root, student, assignment, result["submission"])
 
 
-def merge_submission(root, student, assignment, rows):
-    """Replace a student's submission of `assignment` in the class gradebook by `rows`
-    (cluster.submission_rows; None: no submission), committed once."""
-    from nbgrader import utils
-    from nbgrader.api import (Comment, Grade, Gradebook, MissingEntry, SubmittedAssignment,
-                              SubmittedNotebook)
+@contextlib.contextmanager
+def class_gradebook(root):
+    """The class's gradebook, opened once (nbgrader checks its schema version in a subprocess each time)."""
+    from nbgrader.api import Gradebook
     config = class_config(root)
     with warnings.catch_warnings(), Gradebook(config.CourseDirectory.db_url,
                                               config.CourseDirectory.course_id) as gradebook:
         warnings.simplefilter("ignore")  # SQLAlchemy's SAWarnings from inside nbgrader's models
-        gradebook.update_or_create_student(student)
-        db = gradebook.db
-        try:
-            with contextlib.suppress(MissingEntry):
-                old = gradebook.find_submission(assignment, student)
-                for notebook in old.notebooks:
-                    for row in list(notebook.grades) + list(notebook.comments):
-                        db.delete(row)
-                    db.delete(notebook)
-                db.delete(old)
-                db.flush()
-            if rows is not None:
-                timestamp = utils.parse_utc(rows["timestamp"]) if rows["timestamp"] else None
-                submission = SubmittedAssignment(assignment=gradebook.find_assignment(assignment),
-                                                 student=gradebook.find_student(student), timestamp=timestamp)
-                theirs = {nb["name"]: nb for nb in rows["notebooks"]}
-                for notebook in submission.assignment.notebooks:
-                    data = theirs.get(notebook.name, {"flagged": False, "late_submission_penalty": None,
-                                                      "grades": {}, "comments": {}})
-                    mine = SubmittedNotebook(notebook=notebook, assignment=submission, flagged=data["flagged"],
-                                             late_submission_penalty=data["late_submission_penalty"])
-                    for cell in notebook.grade_cells:
-                        grade = dict(data["grades"].get(cell.name, {}))
-                        if grading.is_stretch(cell.name):  # extra credit (stretch_as_extra_credit)
-                            grade["extra_credit"] = (grade.get("extra_credit") or 0.0) + (grade.get("auto_score") or 0.0)
-                            grade["auto_score"] = 0.0 if grade.get("auto_score") is not None else None
-                        Grade(cell_id=cell.id, notebook=mine, **grade)
-                    for cell in notebook.solution_cells:
-                        Comment(cell_id=cell.id, notebook=mine, **data["comments"].get(cell.name, {}))
-                    for cell in notebook.task_cells:
-                        Comment(cell_id=cell.id, notebook=mine, **data["comments"].get(cell.name, {}))
-                        Grade(cell_id=cell.id, notebook=mine, **data["grades"].get(cell.name, {}))
-                db.add(submission)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
+        yield gradebook
+
+
+def merge_batch(root, ledger, batch, gradebook):
+    """Merge `batch`, a list of (Item, cluster.Outcome): files first (written side by side: the disk, not
+    the processor, is what they wait for), then one transaction holding every result's gradebook rows (a
+    result with none: no submission, a 0 and the reason) and its ledger entry, then the ledger's copy."""
+    root = pathlib.Path(root)
+
+    def files(pair):
+        item, outcome = pair
+        if outcome.result is not None:
+            write_files(root, outcome.result)
+        else:
+            for folder in ("autograded", "feedback"):
+                shutil.rmtree(root / folder / item.student / item.assignment, ignore_errors=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(files, batch))
+    db = gradebook.db
+    try:
+        table = _ledger_table()
+        table.create(db.connection(), checkfirst=True)
+        _replace_submissions(gradebook, [(item.student, item.assignment, (outcome.result or {}).get("submission"))
+                                         for item, outcome in batch])
+        scores = _scores(gradebook, {(item.student, item.assignment) for item, _ in batch})
+        entries = [_entry(item, outcome, scores.get((item.student, item.assignment), (0.0, 0.0)))
+                   for item, outcome in batch]
+        keys = [(e["student"], e["assignment"]) for e in entries]
+        for chunk in _chunks(keys, 200):
+            db.execute(delete(table).where(or_(*(and_(table.c.student == s, table.c.assignment == a)
+                                                 for s, a in chunk))))
+        db.execute(table.insert(), [{"student": e["student"], "assignment": e["assignment"], "entry": json.dumps(e)}
+                                    for e in entries])
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    ledger.added(entries)
+    return entries
+
+
+def _entry(item, outcome, scores):
+    result = outcome.result or {}
+    errors = list(item.errors)
+    error = result.get("error") or outcome.error
+    if error and not any("scored 0" in e for e in errors):
+        errors.append(error + ": scored 0")
+    score, stretch = scores
+    return {"student": item.student, "assignment": item.assignment, "digest": item.digest,
+            "score": score, "max_score": grading.max_score(item.assignment), "stretch_score": stretch,
+            "seconds": result.get("seconds", 0.0), "errors": errors,
+            "flags": item.flags + list(result.get("findings", [])), "worker": result.get("worker")}
+
+
+def _replace_submissions(gradebook, submissions):
+    """Replace each (student, assignment)'s submission by its rows (cluster.submission_rows; None: no
+    submission), with set-wise statements: a batch of hundreds costs a few dozen statements."""
+    from nbgrader import utils
+    from nbgrader.api import (Comment, Grade, Student, SubmittedAssignment, SubmittedNotebook, new_uuid)
+    db = gradebook.db
+    students = sorted({student for student, _, _ in submissions})
+    db.execute(insert(Student.__table__).prefix_with("OR IGNORE"), [{"id": s} for s in students])
+    course = {}  # assignment name -> (assignment id, [(notebook, {cell name: id} per kind)])
+    for _, assignment, _ in submissions:
+        if assignment not in course:
+            found = gradebook.find_assignment(assignment)
+            course[assignment] = (found.id, [(nb.id, nb.name, {c.name: c.id for c in nb.grade_cells},
+                                               {c.name: c.id for c in nb.solution_cells},
+                                               {c.name: c.id for c in nb.task_cells}) for nb in found.notebooks])
+    pairs = [and_(SubmittedAssignment.student_id == student, SubmittedAssignment.assignment_id == course[a][0])
+             for student, a, _ in submissions]
+    old = [row[0] for chunk in _chunks(pairs, 200)
+           for row in db.execute(select(SubmittedAssignment.id).where(or_(*chunk)))]
+    for chunk in _chunks(old, 500):
+        notebooks = select(SubmittedNotebook.id).where(SubmittedNotebook.assignment_id.in_(chunk))
+        db.execute(delete(Grade).where(Grade.notebook_id.in_(notebooks)))
+        db.execute(delete(Comment).where(Comment.notebook_id.in_(notebooks)))
+        db.execute(delete(SubmittedNotebook).where(SubmittedNotebook.assignment_id.in_(chunk)))
+        db.execute(delete(SubmittedAssignment).where(SubmittedAssignment.id.in_(chunk)))
+    rows = {"submitted_assignment": [], "submitted_notebook": [], "grade": [], "comment": []}
+    for student, assignment, data in submissions:
+        if data is None:
+            continue
+        assignment_id, notebooks = course[assignment]
+        submission_id = new_uuid()
+        rows["submitted_assignment"].append({"id": submission_id, "assignment_id": assignment_id,
+                                             "student_id": student, "extension": None,
+                                             "timestamp": utils.parse_utc(data["timestamp"]) if data["timestamp"] else None})
+        theirs = {nb["name"]: nb for nb in data["notebooks"]}
+        for notebook_id, name, grade_cells, solution_cells, task_cells in notebooks:
+            nb = theirs.get(name, {"flagged": False, "late_submission_penalty": None, "grades": {}, "comments": {}})
+            mine = new_uuid()
+            rows["submitted_notebook"].append({"id": mine, "assignment_id": submission_id, "notebook_id": notebook_id,
+                                               "flagged": nb["flagged"],
+                                               "late_submission_penalty": nb["late_submission_penalty"]})
+            for cell, cell_id in {**grade_cells, **task_cells}.items():
+                grade = {"auto_score": None, "manual_score": None, "extra_credit": None, "needs_manual_grade": False,
+                         **nb["grades"].get(cell, {})}
+                if grading.is_stretch(cell):  # extra credit (stretch_as_extra_credit)
+                    grade["extra_credit"] = (grade["extra_credit"] or 0.0) + (grade["auto_score"] or 0.0)
+                    grade["auto_score"] = 0.0 if grade["auto_score"] is not None else None
+                rows["grade"].append({"id": new_uuid(), "cell_id": cell_id, "notebook_id": mine, **grade})
+            for cell, cell_id in {**solution_cells, **task_cells}.items():
+                comment = {"auto_comment": None, "manual_comment": None, **nb["comments"].get(cell, {})}
+                rows["comment"].append({"id": new_uuid(), "cell_id": cell_id, "notebook_id": mine, **comment})
+    for model in (SubmittedAssignment, SubmittedNotebook, Grade, Comment):
+        if rows[model.__tablename__]:
+            db.execute(insert(model.__table__), rows[model.__tablename__])
+
+
+def _scores(gradebook, pairs):
+    """{(student, assignment): (required score, optional stretch score)}, by nbgrader's own Grade.score."""
+    from nbgrader.api import Assignment, Grade, GradeCell, SubmittedAssignment, SubmittedNotebook
+    found = {}
+    query = (select(SubmittedAssignment.student_id, Assignment.name, GradeCell.name, Grade.score)
+             .join(SubmittedNotebook, Grade.notebook_id == SubmittedNotebook.id)
+             .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+             .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+             .join(GradeCell, Grade.cell_id == GradeCell.id))
+    students = sorted({s for s, _ in pairs})
+    for chunk in _chunks(students, 500):
+        for student, assignment, cell, score in gradebook.db.execute(
+                query.where(SubmittedAssignment.student_id.in_(chunk))):
+            if (student, assignment) in pairs:
+                required, stretch = found.get((student, assignment), (0.0, 0.0))
+                found[(student, assignment)] = ((required, stretch + float(score)) if grading.is_stretch(cell)
+                                                else (required + float(score), stretch))
+    return found
+
+
+def _chunks(items, size):
+    items = list(items)
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 class Ledger:
-    """One JSON line per graded (student, assignment), appended after its grades are saved."""
+    """What has been graded: one entry per (student, assignment), kept in the gradebook's database (in the
+    transaction that merged its grades) and copied, one JSON line each, to `path` (ledger.jsonl)."""
 
     def __init__(self, path):
         self.path = pathlib.Path(path)
         self.entries = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a kill
-                    entry = json.loads(line)
-                    self.entries[(entry["student"], entry["assignment"])] = entry
+        database = gradebook_path(self.path.parent)
+        stored = _stored_entries(database) if database.exists() else None
+        if stored is None:  # a course folder from before the table: its ledger.jsonl is the record
+            stored = []
+            if self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a kill
+                        stored.append(json.loads(line))
+            self._migrate = bool(stored)
+        else:
+            self._migrate = False
+        for entry in stored:
+            self.entries[(entry["student"], entry["assignment"])] = entry
+        if not self._migrate and self._copy_differs():
+            self._rewrite_copy()
 
     def done(self):
         return {key: entry["digest"] for key, entry in self.entries.items()}
 
-    def add(self, entry):
-        self.entries[(entry["student"], entry["assignment"])] = entry
-        with open(self.path, "a") as ledger:
-            ledger.write(json.dumps(entry) + "\n")
-            ledger.flush()
-            os.fsync(ledger.fileno())
+    def added(self, entries):
+        """After a commit: remember the entries and append them to the copy."""
+        for entry in entries:
+            self.entries[(entry["student"], entry["assignment"])] = entry
+        with open(self.path, "a") as copy:
+            copy.writelines(json.dumps(entry) + "\n" for entry in entries)
+            copy.flush()
+            os.fsync(copy.fileno())
+
+    def migrate(self, root):
+        """Entries of a folder graded before the ledger's table: into the table, once."""
+        if self._migrate:
+            _store_entries(gradebook_path(root), list(self.entries.values()))
+            self._migrate = False
+
+    def _copy_differs(self):
+        if not self.path.exists():
+            return bool(self.entries)
+        lines = self.path.read_text().splitlines()
+        return len(lines) != len(self.entries) or any(not line.endswith("}") for line in lines)
+
+    def _rewrite_copy(self):
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text("".join(json.dumps(e) + "\n" for e in self.entries.values()))
+        os.replace(temporary, self.path)
+
+
+def _stored_entries(database):
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        try:
+            rows = connection.execute(f"SELECT entry FROM {LEDGER_TABLE}").fetchall()
+        except sqlite3.OperationalError:  # no such table (yet)
+            return None
+    return [json.loads(entry) for (entry,) in rows]
+
+
+def _store_entries(database, entries):
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute(f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (student VARCHAR(128) NOT NULL, "
+                           "assignment VARCHAR(128) NOT NULL, entry TEXT NOT NULL, PRIMARY KEY (student, assignment))")
+        connection.executemany(f"INSERT OR REPLACE INTO {LEDGER_TABLE} VALUES (?, ?, ?)",
+                               [(e["student"], e["assignment"], json.dumps(e)) for e in entries])
 
 
 def scores_of(root, student, assignment):
     """(score, max_score, guard findings, stretch score) of a graded notebook, from the gradebook and
     autograded/: the score counts the required tests, the optional stretch tests' points come apart."""
-    from nbgrader.api import Gradebook, MissingEntry
-    config = class_config(root)
-    max_score = grading.max_score(assignment)
-    score = stretch = 0.0
-    with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
-        with contextlib.suppress(MissingEntry):
-            for notebook in gradebook.find_submission(assignment, student).notebooks:
-                for grade in notebook.grades:
-                    if grading.is_stretch(grade.name):
-                        stretch += float(grade.score)
-                    else:
-                        score += float(grade.score)
+    with class_gradebook(root) as gradebook:
+        score, stretch = _scores(gradebook, {(student, assignment)}).get((student, assignment), (0.0, 0.0))
     autograded = pathlib.Path(root) / "autograded" / student / assignment / f"{assignment}.ipynb"
     findings = []
     if autograded.exists():
-        nb = nbformat.read(autograded, as_version=4)
-        findings = grading.guard_flags(nb) + grading.runaway_notes(nb)
-    return score, max_score, findings, stretch
-
-
-def record(ledger, root, item, outcome):
-    """Merge a task's outcome into the class, then append its ledger line."""
-    result = outcome.result or {}
-    if outcome.result is not None:
-        merge_result(root, outcome.result)
-    else:  # no result (its workers kept dying, the grader failed): no grades, a 0 and the reason
-        merge_submission(root, item.student, item.assignment, None)
-        for folder in ("autograded", "feedback"):
-            shutil.rmtree(pathlib.Path(root) / folder / item.student / item.assignment, ignore_errors=True)
-    score, max_score, findings, stretch = scores_of(root, item.student, item.assignment)
-    errors = list(item.errors)
-    error = result.get("error") or outcome.error
-    if error and not any("scored 0" in e for e in errors):
-        errors.append(error + ": scored 0")
-    ledger.add({"student": item.student, "assignment": item.assignment, "digest": item.digest,
-                "score": score, "max_score": max_score, "stretch_score": stretch,
-                "seconds": result.get("seconds", 0.0),
-                "errors": errors, "flags": item.flags + findings, "worker": result.get("worker")})
+        findings = grading.graded_findings(nbformat.read(autograded, as_version=4))
+    return score, grading.max_score(assignment), findings, stretch
 
 
 def engine_for(jobs, scheduler, quiet):
@@ -426,16 +560,29 @@ def grade_pending(root, pending, ledger, timeout, engine, run_key, sandbox_mode,
         print(f"grading {len(pending)} notebooks {engine.description}"
               + (f"; Dask dashboard: {engine.dashboard}" if engine.dashboard else ""), file=sys.stderr)
     progress = _progress_bar(len(tasks), quiet)
-    merging = 0.0  # the client's own time per result: the bound on how many workers one client can feed
+    merging = 0.0  # the client's own time: the bound on how many workers one client can feed
+    batch, since = [], None
     try:
-        for outcome in engine.run(tasks):
-            start = time.perf_counter()
-            record(ledger, root, items[(outcome.task.student, outcome.task.assignment)], outcome)
-            merging += time.perf_counter() - start
-            progress(outcome.task.name)
+        with class_gradebook(root) as gradebook:
+            for outcome in engine.run(tasks):
+                batch.append((items[(outcome.task.student, outcome.task.assignment)], outcome))
+                since = since or time.monotonic()
+                if len(batch) >= BATCH_SIZE or time.monotonic() - since >= BATCH_SECONDS:
+                    merging += _merge(root, ledger, batch, gradebook, progress)
+                    batch, since = [], None
+            if batch:
+                merging += _merge(root, ledger, batch, gradebook, progress)
     finally:
         progress.close()
     return merging
+
+
+def _merge(root, ledger, batch, gradebook, progress):
+    start = time.perf_counter()
+    merge_batch(root, ledger, batch, gradebook)
+    for _, outcome in batch:
+        progress(outcome.task.name)
+    return time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------- outputs
@@ -589,6 +736,7 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
     prepare_gradebook(root, assignments)
     run_key = class_run_key(root, quiet)
     ledger = Ledger(root / LEDGER)
+    ledger.migrate(root)
     if submissions.suffix == ".zip":
         submissions = collect_zip(submissions, root)
     items, strays = intake(submissions, root, assignments, ledger.done())

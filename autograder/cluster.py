@@ -42,6 +42,8 @@ import threading
 import time
 import uuid
 
+import nbformat
+
 from autograder.config import REPO_ROOT, nbgrader_config
 
 COURSE_FOLDERS = ("solutions", "autograder", "courselib")
@@ -252,8 +254,10 @@ def _grade(task, work):
         with contextlib.redirect_stdout(None), grading.kernel_stderr_to(work / "feedback.log"), \
                 contextlib.suppress(Exception):  # no HTML: the client's outputs step tries again
             api.generate_feedback(task.assignment, task.student)
+    graded = sorted(autograded.glob("*.ipynb"))
+    findings = grading.graded_findings(nbformat.read(graded[0], as_version=4)) if graded else []
     return {"student": task.student, "assignment": task.assignment, "seconds": seconds, "error": error,
-            "submission": submission,
+            "submission": submission, "findings": findings,
             "autograded": {p.name: p.read_bytes() for p in sorted(autograded.glob("*.ipynb"))},
             "feedback": {p.name: p.read_bytes() for p in sorted(feedback.glob("*.html"))},
             "log": log_text[-MAX_LOG_CHARS:], "worker": f"{_worker_name()} ({socket.gethostname()})"}

@@ -298,7 +298,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
         return _zero_report(assignment_id, assignment_id, source_nb,
                             errors + [f"could not grade {path.name}: {type(error).__name__}: {error}"])
     errors += run_errors
-    flags += guard_flags(autograded_nb) + runaway_notes(autograded_nb)
+    flags += graded_findings(autograded_nb)
     if grades is None:
         return _zero_report(assignment_id, assignment_id, source_nb, errors, flags)
 
@@ -406,6 +406,11 @@ def generated_gradebook(assignment_id):
             raise RuntimeError(f"could not build the gradebook for {assignment_id}: {generated.get('error')}")
         os.replace(work / "gradebook.db", cached)  # atomic: parallel checks never see half a file
     return cached
+
+
+def graded_findings(autograded_nb):
+    """What grading found in a notebook it ran, for the report: tampering, judges' flags, runaway cells."""
+    return guard_flags(autograded_nb) + runaway_notes(autograded_nb)
 
 
 def guard_flags(autograded_nb):

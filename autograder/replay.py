@@ -56,39 +56,37 @@ def plan(sources, armed, replaced):
     """The cells a variant that replaces the answer cells `replaced` ({index: new source}) must run.
 
     `sources` are the notebook's cells as graded (None for markdown), `armed` the indices of its test
-    cells. A cell is reached when it reads or changes a name that a replaced cell, or a reached cell
-    before it, binds or changes; names bound by imports are library code and never reached. Reached
-    test cells run; a reached cell that is not a test runs only when a cell that runs after it reads
-    what it binds or changes."""
-    names = {i: cell_names(s) for i, s in enumerate(sources) if s is not None}
-    library = set().union(*(n.imports for n in names.values())) - {"*"}
-    first = min(replaced)
+    cells. The names the replaced cells bind or change are tainted, and a later cell that uses a tainted
+    name is reached (autograder/source.py); names bound by imports are library code, never tainted.
+    Reached test cells run; a reached cell that is not a test runs only when a cell that runs after it
+    reads what it taints. Afterwards the kernel gets back what the variant tainted and later cells read:
+    the cells that ran, but test cells only when they bind a name that a cell reads before binding it."""
+    cells = {i: cell_names(s) for i, s in enumerate(sources) if s is not None}
+    library = set().union(*(c.imports for c in cells.values())) - {"*"}
     tainted = set()
     for index, source in replaced.items():
         for version in (sources[index], source):
             found = cell_names(version)
-            tainted |= found.binds | found.changes | ({"*"} if found.opaque else set())
+            tainted |= set(found.binds) | {name for step in found.steps for _, name in step.changes}
+            tainted |= {"*"} if found.opaque else set()
     tainted -= library
-    reached = []
-    for index in range(first + 1, len(sources)):
-        if index in replaced or index not in names:
+    reached = {}  # index -> the names it taints
+    for index in range(min(replaced) + 1, len(sources)):
+        if index in replaced or index not in cells:
             continue
-        if names[index].touches(tainted):
-            reached.append(index)
-            tainted |= (names[index].binds | names[index].changes) - library
+        touched, after = cells[index].follow(tainted)
+        if touched:
+            reached[index] = after - tainted - library
+            tainted = (after - library) | (after & {"*"})
     needed, wanted = set(), set()
-    for index in reversed(reached):
-        cell = names[index]
-        if index in armed or cell.opaque or "*" in wanted or (cell.binds | cell.changes) & wanted:
+    for index in sorted(reached, reverse=True):
+        if index in armed or cells[index].opaque or "*" in wanted or reached[index] & wanted:
             needed.add(index)
-            wanted |= cell.reads | cell.changes
+            wanted |= cells[index].reads
     run = sorted(set(replaced) | needed)
-    restore = [i for i in run if i not in armed or (names[i].binds | names[i].changes) & _read_after(names, i)]
+    read_somewhere = set().union(*(c.reads for c in cells.values()))
+    restore = [i for i in run if i not in armed or "*" in read_somewhere or reached.get(i, set()) & read_somewhere]
     return Plan(run, restore)
-
-
-def _read_after(names, index):
-    return set().union(*(n.reads | n.changes for i, n in names.items() if i > index))
 
 
 @dataclasses.dataclass
@@ -211,7 +209,7 @@ def score(nb, findings, flags, config, cells_run):
     """Scores and messages of a graded notebook, by the course's post-processors and nbgrader's
     `determine_grade`, as `nbgrader autograde` computes them before it saves them."""
     from autograder.config import autograde_preprocessors
-    from autograder.grading import _failure_message, guard_flags, runaway_notes
+    from autograder.grading import _failure_message, graded_findings
     resources = {"guard_findings": findings, "judge_flags": flags}
     for step in autograde_preprocessors():
         if step.__name__ in ("GuardedExecute", "ClearMetadataPreprocessor", "SaveAutoGrades",
@@ -225,7 +223,7 @@ def score(nb, findings, flags, config, cells_run):
             earned, worth = utils.determine_grade(cell, logging.getLogger("replay"))
             scores[grade_id] = (float(earned), float(worth))
             messages[grade_id] = "" if earned >= worth else (_failure_message(cell) or "this test did not run")
-    return Outcome(scores, messages, guard_flags(nb) + runaway_notes(nb), [], cells_run)
+    return Outcome(scores, messages, graded_findings(nb), [], cells_run)
 
 
 def replay(assignment_id, variants, cell_timeout=None):

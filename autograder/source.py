@@ -1,17 +1,21 @@
 """What a notebook's code cells bind, read and change, read from their source (never by running them).
 
-`cell_names(source)` parses one cell as IPython would run it (magics and `!` lines become the
-`get_ipython()` calls IPython makes of them) and returns `Names`:
-- `binds`: the names the cell assigns at its top level (assignments, imports, `def`, `class`, loop and
-  `with` targets, the walrus);
-- `reads`: the global names it may read from earlier cells: names loaded at its top level before the
-  cell binds them, and every name a function or class body of the cell loads without binding it
-  (those are looked up when the function runs, which may be later);
-- `changes`: the names whose objects it may change in place: `x.attr = ...`, `x[i] = ...`, `del x[i]`,
-  `x += ...` on an attribute or item, method calls `x.step()`, and names handed to a call as arguments.
+`cell_names(source)` parses one cell as IPython runs it (magics and `!` lines become the
+`get_ipython()` calls IPython makes of them) and returns its top-level statements in order, each a
+`Step`:
+- `reads`: the global names it may read: names it loads before the cell binds them, and every name a
+  function or class body it defines loads without binding it (looked up when the function runs);
+- `binds`: the names it assigns (assignments, imports, `def`, `class`, loop and `with` targets, walrus);
+- `uses`: every name it loads (also those the cell bound before it);
+- `changes`: the objects it may change in place, each with the names that decide how: `x.attr = ...`,
+  `x[i] = ...` and `del x[i]` (decided by the whole statement), the receiver of a method call
+  `x.append(y)` and the arguments of a call `f(x, y)` (decided by the names the call uses).
+A cell that does not parse is opaque: it reads and changes everything.
 
-A cell that does not parse reads and changes everything (`Names.opaque`). The test suite's replay
-(autograder/replay.py) uses this to decide which cells a changed answer reaches.
+`Cell.follow(tainted)` follows a change through a cell: a statement that uses a tainted name taints
+what it binds, and each change whose deciding names are tainted taints its object (a call in which
+nothing is tainted does what it did before). The test suite's replay (autograder/replay.py) uses it to
+find the cells a variant's answers reach.
 """
 import ast
 import builtins
@@ -23,19 +27,41 @@ BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 @dataclasses.dataclass(frozen=True)
-class Names:
-    binds: frozenset
+class Step:
     reads: frozenset
-    changes: frozenset
-    imports: frozenset = frozenset()   # the names it binds with `import` (modules and library functions)
+    binds: frozenset
+    uses: frozenset
+    changes: tuple     # (deciding names, the name of the object changed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    steps: tuple
+    imports: frozenset = frozenset()   # names bound by `import`: modules and library functions
 
     @property
     def opaque(self):
-        return self.reads == EVERYTHING
+        return any(step.reads == EVERYTHING for step in self.steps)
 
-    def touches(self, names):
-        """Does this cell read or change any of `names`?"""
-        return self.opaque or "*" in names or bool((self.reads | self.changes) & names)
+    @property
+    def reads(self):
+        return frozenset().union(*(s.reads for s in self.steps))
+
+    @property
+    def binds(self):
+        return frozenset().union(*(s.binds for s in self.steps))
+
+    def follow(self, tainted):
+        """(does this cell use a tainted name, the names tainted after it runs)."""
+        touched, tainted = False, set(tainted)
+        for step in self.steps:
+            if step.reads == EVERYTHING or "*" in tainted:
+                return True, tainted | {"*"}
+            if step.uses & tainted:
+                touched = True
+                tainted |= step.binds
+            tainted |= {name for deciding, name in step.changes if deciding & tainted}
+        return touched, tainted
 
 
 def python_source(source):
@@ -49,114 +75,121 @@ def cell_names(source):
     try:
         tree = ast.parse(python_source(source))
     except (SyntaxError, ValueError):
-        return Names(frozenset(), EVERYTHING, EVERYTHING)
-    visitor = _TopLevel()
+        return Cell((Step(EVERYTHING, frozenset(), EVERYTHING, ()),))
+    bound, steps, imports = set(), [], set()
     for statement in tree.body:
+        visitor = _Statement(bound)
         visitor.visit(statement)
-    return Names(frozenset(visitor.binds), frozenset(visitor.reads - BUILTIN_NAMES), frozenset(visitor.changes),
-                 frozenset(visitor.imports))
+        uses = frozenset(visitor.uses - BUILTIN_NAMES)
+        changes = tuple(sorted({(frozenset(deciding) if deciding is not None else uses, name)
+                                for deciding, name in visitor.changes}, key=repr))
+        steps.append(Step(frozenset(visitor.reads - BUILTIN_NAMES), frozenset(visitor.binds), uses, changes))
+        bound |= visitor.binds
+        imports |= visitor.imports
+    return Cell(tuple(steps), frozenset(imports))
 
 
 def _base_name(node):
-    """`x` for x, x.a.b, x[i], x.a[i].b; None for anything else (a call's result, a literal)."""
+    """`x` for x, x.a.b, x[i], x.a[i].b, *x; None for anything else (a call's result, a literal)."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
 
 
-class _TopLevel(ast.NodeVisitor):
-    """Walks a cell's top-level statements in order."""
+class _Statement(ast.NodeVisitor):
+    """One top-level statement: what it reads (given what the cell bound before it), binds and changes."""
 
-    def __init__(self):
-        self.binds, self.reads, self.changes, self.imports = set(), set(), set(), set()
+    def __init__(self, bound_before):
+        self.bound = set(bound_before)
+        self.binds, self.reads, self.uses, self.imports = set(), set(), set(), set()
+        self.changes = []   # (deciding names or None for the whole statement, name)
 
-    # -- binding
+    def _bind(self, name):
+        self.binds.add(name)
+        self.bound.add(name)
+
     def _bind_target(self, target):
         if isinstance(target, ast.Name):
-            self.binds.add(target.id)
+            self._bind(target.id)
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._bind_target(element)
         elif isinstance(target, ast.Starred):
             self._bind_target(target.value)
         else:  # x.attr = ..., x[i] = ...: changes x in place, and reads what the target reads
-            base = _base_name(target)
-            if base:
-                self.changes.add(base)
-            self._read_expression(target, skip_base=True)
+            self._change(target, None)
+            self._read(target)
 
-    def _read_expression(self, node, skip_base=False):
+    def _read(self, node):
         for child in ast.walk(node):
-            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id not in self.binds:
-                self.reads.add(child.id)
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load):
+                self.uses.add(child.id)
+                if child.id not in self.bound:
+                    self.reads.add(child.id)
             elif isinstance(child, ast.NamedExpr):
-                self.binds.add(child.target.id)
-            elif isinstance(child, ast.Call):
-                self._note_call(child)
-        if skip_base:
-            base = _base_name(node)
-            if base and base not in self.binds:
-                self.reads.add(base)
+                self._bind(child.target.id)
+            elif isinstance(child, ast.Call):  # x.method(y) may change x, f(x, y) x and y: as the call decides
+                deciding = {n.id for n in ast.walk(child) if isinstance(n, ast.Name)}
+                if isinstance(child.func, ast.Attribute):
+                    self._change(child.func, deciding)
+                for argument in [*child.args, *(k.value for k in child.keywords)]:
+                    self._change(argument, deciding)
 
-    def _note_call(self, call):
-        if isinstance(call.func, ast.Attribute):  # x.method(...): may change x
-            base = _base_name(call.func)
-            if base:
-                self.changes.add(base)
-        for argument in [*call.args, *(k.value for k in call.keywords)]:
-            base = _base_name(argument)
-            if base:
-                self.changes.add(base)  # handed to a function: it may change the object
+    def _change(self, node, deciding):
+        base = _base_name(node)
+        if base:
+            self.changes.append((deciding, base))
 
-    # -- statements
     def visit_Assign(self, node):
-        self._read_expression(node.value)
+        self._read(node.value)
         for target in node.targets:
             self._bind_target(target)
 
     def visit_AnnAssign(self, node):
         if node.value is not None:
-            self._read_expression(node.value)
+            self._read(node.value)
         self._bind_target(node.target)
 
     def visit_AugAssign(self, node):
-        self._read_expression(node.value)
-        self._read_expression(node.target, skip_base=True)
-        base = _base_name(node.target)
-        if base:
-            self.changes.add(base)
-            if isinstance(node.target, ast.Name):
-                self.binds.add(base)
+        self._read(node.value)
+        self._read(node.target if not isinstance(node.target, ast.Name) else ast.Name(node.target.id, ast.Load()))
+        self._change(node.target, None)
+        if isinstance(node.target, ast.Name):
+            self._bind(node.target.id)
 
     def visit_Import(self, node):
         for alias in node.names:
-            self.imports.add((alias.asname or alias.name).split(".")[0])
-        self.binds |= self.imports
+            name = (alias.asname or alias.name).split(".")[0]
+            self.imports.add(name)
+            self._bind(name)
 
     def visit_ImportFrom(self, node):
         for alias in node.names:
-            self.imports.add("*" if alias.name == "*" else alias.asname or alias.name)
-        self.binds |= self.imports
+            name = "*" if alias.name == "*" else alias.asname or alias.name
+            self.imports.add(name)
+            self._bind(name)
 
     def visit_FunctionDef(self, node):
-        for decorator in node.decorator_list:
-            self._read_expression(decorator)
-        for default in [*node.args.defaults, *node.args.kw_defaults]:
-            if default is not None:
-                self._read_expression(default)
-        self.reads |= _free_in_body(node)  # looked up when it runs, whatever binds them then
-        self.binds.add(node.name)
+        for expression in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
+            if expression is not None:
+                self._read(expression)
+        free = _free_in_body(node)  # looked up when it runs, whatever binds them then
+        self.reads |= free
+        self.uses |= free
+        self._bind(node.name)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node):
         for expression in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
-            self._read_expression(expression)
-        self.reads |= _free_in_body(node)
-        self.binds.add(node.name)
+            self._read(expression)
+        free = _free_in_body(node)
+        self.reads |= free
+        self.uses |= free
+        self._bind(node.name)
 
     def visit_For(self, node):
-        self._read_expression(node.iter)
+        self._read(node.iter)
         self._bind_target(node.target)
         for statement in node.body + node.orelse:
             self.visit(statement)
@@ -165,7 +198,7 @@ class _TopLevel(ast.NodeVisitor):
 
     def visit_With(self, node):
         for item in node.items:
-            self._read_expression(item.context_expr)
+            self._read(item.context_expr)
             if item.optional_vars is not None:
                 self._bind_target(item.optional_vars)
         for statement in node.body:
@@ -175,38 +208,35 @@ class _TopLevel(ast.NodeVisitor):
 
     def visit_Delete(self, node):
         for target in node.targets:
-            base = _base_name(target)
-            if base:
-                self.changes.add(base)
+            self._change(target, None)
 
     def visit_Global(self, node):
-        self.binds.update(node.names)
+        for name in node.names:
+            self._bind(name)
 
     def generic_visit(self, node):
-        """if/while/try/expressions...: read every expression, visit nested statements in order."""
-        for field, value in ast.iter_fields(node):
-            items = value if isinstance(value, list) else [value]
-            for item in items:
+        """if/while/try/match/expressions: read every expression, visit nested statements in order."""
+        for _, value in ast.iter_fields(node):
+            for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, ast.stmt):
                     self.visit(item)
                 elif isinstance(item, ast.excepthandler):
                     if item.type is not None:
-                        self._read_expression(item.type)
+                        self._read(item.type)
                     if item.name:
-                        self.binds.add(item.name)
+                        self._bind(item.name)
+                    for statement in item.body:
+                        self.visit(statement)
+                elif isinstance(item, ast.match_case):
                     for statement in item.body:
                         self.visit(statement)
                 elif isinstance(item, ast.expr):
-                    self._read_expression(item)
-                elif isinstance(item, (ast.match_case,)):
-                    for statement in item.body:
-                        self.visit(statement)
+                    self._read(item)
 
 
 def _free_in_body(node):
     """Names a function's or class's body loads without binding them locally: globals, read when it runs."""
-    local = set()
-    loads = set()
+    local, loads = set(), set()
     for child in ast.walk(node):
         if isinstance(child, ast.arg):
             local.add(child.arg)
@@ -218,4 +248,4 @@ def _free_in_body(node):
             local.update((a.asname or a.name).split(".")[0] for a in child.names)
         elif isinstance(child, ast.Global):
             loads.update(child.names)
-    return loads - local
+    return (loads - local) - BUILTIN_NAMES

@@ -13,9 +13,10 @@ import zipfile
 
 import nbformat
 import pytest
+from sqlalchemy import text
 
 from autograder import classroom, demo
-from autograder.grading import max_score, stretch_points
+from autograder.grading import grade_cells, is_stretch, max_score, source_notebook, stretch_points
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
 # The whole demo class, graded serially here and through a scheduler in test_cluster.py, is compared
@@ -292,3 +293,64 @@ def test_a_hostile_classmate_graded_beside_a_victim_changes_nothing_of_theirs(tm
         root / "autograded" / "rex" / "04_self_attention" / "04_self_attention.ipynb", as_version=4).cells
         for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert "reached: []" in printed, f"the attacker reached something: {printed[-500:]}"
+
+
+MERGED = 10_000
+MERGE_IN_A_CHILD = """
+import sys
+from autograder import benchmark, classroom
+root = sys.argv[1]
+items, ledger = benchmark.synthetic_class(root, {students})
+classroom.grade_pending(root, items, ledger, 60, benchmark.SyntheticEngine(), "synthetic", "off", quiet=True)
+"""
+
+
+def test_ten_thousand_results_merge_in_batches_and_a_kill_leaves_the_ledger_exact(tmp_path):
+    """10,000 synthetic results (SyntheticEngine: workers that are never the bound) merged by the client in
+    batches, killed with SIGKILL mid-run: the gradebook then holds exactly the notebooks of the ledger, each
+    whole, ledger.jsonl says the same, and the same call merges the rest. Every score is the one sent."""
+    from autograder import benchmark
+    root = tmp_path / "course"
+    students = MERGED // len(benchmark.MERGE_ASSIGNMENTS)
+    child = subprocess.Popen([sys.executable, "-c", MERGE_IN_A_CHILD.format(students=students), str(root)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    mirror = root / classroom.LEDGER
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and child.poll() is None:
+        if mirror.exists() and mirror.read_text().count("\n") >= 1000:
+            break
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, f"the merge ended before the kill: {child.stderr.read()[-2000:]}"
+
+    ledger = classroom.Ledger(mirror)
+    merged = set(ledger.entries)
+    assert 1000 <= len(merged) < MERGED, f"the kill came at {len(merged)} merged: too early or too late"
+    with classroom.class_gradebook(root) as gradebook:
+        rows = gradebook.db.execute(text(
+            "SELECT submitted_assignment.student_id, assignment.name, COUNT(grade.id) FROM submitted_assignment "
+            "JOIN assignment ON submitted_assignment.assignment_id = assignment.id "
+            "JOIN submitted_notebook ON submitted_notebook.assignment_id = submitted_assignment.id "
+            "JOIN grade ON grade.notebook_id = submitted_notebook.id GROUP BY submitted_assignment.id")).fetchall()
+    in_gradebook = {(student, assignment): count for student, assignment, count in rows}
+    assert set(in_gradebook) == merged, (
+        f"{len(set(in_gradebook) - merged)} submissions in the gradebook without a ledger entry, "
+        f"{len(merged - set(in_gradebook))} ledger entries without a submission")
+    cells = {a: len(grade_cells(source_notebook(a))) for a in benchmark.MERGE_ASSIGNMENTS}
+    assert all(count == cells[a] for (_, a), count in in_gradebook.items()), "a submission was merged in part"
+    lines = [json.loads(line) for line in mirror.read_text().splitlines()]
+    assert {(e["student"], e["assignment"]) for e in lines} == merged and len(lines) == len(merged), (
+        "ledger.jsonl differs from the ledger in the gradebook")
+
+    items, ledger = benchmark.synthetic_class(root, students)
+    pending = [item for item in items if (item.student, item.assignment) not in ledger.done()]
+    classroom.grade_pending(root, pending, ledger, 60, benchmark.SyntheticEngine(), "synthetic", "off", quiet=True)
+    entries = classroom.Ledger(mirror).entries
+    assert len(entries) == MERGED
+    points = {a: grade_cells(source_notebook(a)) for a in benchmark.MERGE_ASSIGNMENTS}
+    for (student, assignment), entry in entries.items():
+        sent = [benchmark.synthetic_score(student, g, p) for g, p in points[assignment]]
+        required = sum(s for (g, _), s in zip(points[assignment], sent) if not is_stretch(g))
+        assert (entry["score"], entry["stretch_score"]) == (required, sum(sent) - required), (student, assignment)
+    assert len(mirror.read_text().splitlines()) == MERGED
