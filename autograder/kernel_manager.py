@@ -10,18 +10,28 @@ socket path must stay under about 100 characters); the folder is removed when th
 or dies.
 
 `SandboxedKernelManager` (the grader's) starts the kernel inside the OS sandbox of
-autograder/sandbox.py, where that one folder is the only host folder it can see and write.
+autograder/sandbox.py. There the kernel's sockets and its copy of the connection file are in the
+sandbox's own /tmp, which the grader reaches through /proc/<pid>/root: the sandbox sees no host folder
+it could write. The kernel's stdout goes where the grader's stderr goes; `BoundedKernelClient` bounds
+what a message can make the grader buffer; a pids cgroup caps threads where the grader is root.
 """
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
+import zmq
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 from nbgrader.preprocessors import Execute
-from traitlets import Enum, default
+from traitlets import DottedObjectName, Enum, default
 
 from autograder import sandbox
+
+# A probe's data is at most 16 MiB (autograder/wire.py), 22 MB in base64, inside one message.
+MAX_MESSAGE_BYTES = 32 * 2**20
+RECEIVE_QUEUE = 16
 
 
 def private_socket_folder():
@@ -102,18 +112,43 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
             self.log.warning("grading kernel started without the OS sandbox: %s", reason)
         return ok
 
+    client_class = DottedObjectName("autograder.kernel_manager.BoundedKernelClient")
+    cgroup = None        # the kernel's pids cgroup (sandbox.pids_cgroup), where the grader is root
+    sandbox_pid = None   # the host pid of the sandbox's first process
+
     async def _async_launch_kernel(self, kernel_cmd, **kw):
+        # the kernel's own output never reaches the grader's stdout (nothing it prints can precede or forge
+        # the grading contract's JSON): it goes where the grader's stderr goes (its log while grading)
+        kw = {**kw, "stdout": sys.stderr.fileno()}
         if not self.sandboxed():  # the grader's environment, less the hidden tests' key
             from autograder.judging import RUN_KEY_ENV
             env = {name: value for name, value in (kw.get("env") or os.environ).items() if name != RUN_KEY_ENV}
             return await super()._async_launch_kernel(kernel_cmd, **{**kw, "env": env})
-        folder = pathlib.Path(self.connection_file).parent
-        if folder.parent != private_socket_folder():
-            raise sandbox.SandboxError(f"a sandboxed kernel keeps its connection file in a private folder of "
-                                       f"its own under {private_socket_folder()}, not in {folder}")
-        with sandbox.kernel_command(kernel_cmd, folder, kw.get("cwd"), kw.get("env") or {}) as launch:
-            kw = {**kw, "env": launch.env, "pass_fds": launch.fds}
-            return await super()._async_launch_kernel(launch.argv, **kw)
+        info = {**self.get_connection_info(), "key": self.session.key.decode()}
+        with sandbox.kernel_command(kernel_cmd, info, kw.get("cwd"), kw.get("env") or {}) as launch:
+            self.cgroup = launch.cgroup
+            kw = {**kw, "env": launch.env, "pass_fds": launch.fds, "preexec_fn": launch.preexec}
+            await super()._async_launch_kernel(launch.argv, **kw)
+            # its sockets are in its own /tmp: reached through the sandbox's root, never a host folder
+            self.sandbox_pid = launch.sandbox_pid()
+            self.ip = f"/proc/{self.sandbox_pid}/root{sandbox.KERNEL_SOCKETS}"
+
+    def cleanup_connection_file(self):
+        """Also the kernel's pids cgroup (after a shutdown, a crash or a kill, as the key's folder)."""
+        super().cleanup_connection_file()
+        sandbox.remove_cgroup(self.cgroup)
+
+
+class BoundedKernelClient(AsyncKernelClient):
+    """The grader's client: a message larger than MAX_MESSAGE_BYTES ends the connection before it is
+    buffered, and at most RECEIVE_QUEUE messages wait on a channel, so a notebook cannot make the grader
+    hold more than MAX_MESSAGE_BYTES x RECEIVE_QUEUE per channel (the grader's output caps apply after)."""
+
+    def _context_default(self):
+        context = super()._context_default()  # this client's own: the defaults apply to its sockets only
+        context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+        return context
 
 
 class PrivateSocketExecute(Execute):

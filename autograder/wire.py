@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 MAX_DEPTH = 12
-MAX_BYTES = 32 * 2**20  # raw tensor bytes per message
+MAX_BYTES = 16 * 2**20  # raw tensor bytes per message (kernel_manager.MAX_MESSAGE_BYTES bounds the message)
 
 # dtype name -> (numpy dtype used on the wire, torch dtype)
 DTYPES = {

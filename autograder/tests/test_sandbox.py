@@ -257,6 +257,51 @@ attempt("leave an IPython startup file", lambda: leave(os.path.expanduser(
     "~/.ipython/profile_default/startup/00-leftover.py"), "import builtins; builtins.LEFTOVER = True"))
 attempt("leave a user kernelspec", lambda: leave(os.path.expanduser(
     "~/.local/share/jupyter/kernels/course-grading/kernel.json"), '{{"argv": ["false"], "display_name": "x"}}'))
+import threading
+def many_threads():
+    started, release = [], threading.Event()
+    try:
+        for _ in range(1500):
+            thread = threading.Thread(target=release.wait)
+            thread.start()
+            started.append(thread)
+    except RuntimeError as error:
+        raise RuntimeError(f"{{error}} after {{len(started)}} threads") from None
+    finally:
+        release.set()
+    return len(started)
+attempt("1,500 threads", many_threads)
+attempt("ptrace the sandbox's first process", lambda: c_call(libc.ptrace, 16, 1, None, None))  # PTRACE_ATTACH
+attempt("io_uring_setup", lambda: c_call(libc.syscall, 425, 8, ctypes.create_string_buffer(120)))
+attempt("process_vm_readv", lambda: c_call(libc.syscall, 310, 1, None, 0, None, 0, 0))
+def read_write_host_mounts():
+    found = []
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        kind = fields[fields.index("-") + 1]
+        if fields[5].split(",")[0] == "rw" and kind not in ("tmpfs", "proc", "devpts", "mqueue", "devtmpfs"):
+            found.append((fields[4], kind))
+    return found
+attempt("read-write host mounts", read_write_host_mounts)
+def fill_the_socket_folder():
+    folder = os.path.dirname(__import__("ipykernel.connect").connect.get_connection_file())
+    written = 0
+    try:
+        for i in range(12):
+            with open(os.path.join(folder, f"fill-{{i}}"), "wb") as out:
+                for _ in range(50):
+                    out.write(bytes(2**20))
+                    written += 1
+    except OSError as error:
+        raise OSError(error.errno, f"{{error.strerror}} after {{written}} MB in {{folder}}") from None
+    finally:
+        for i in range(12):
+            try:
+                os.remove(os.path.join(folder, f"fill-{{i}}"))
+            except OSError:
+                pass
+    return f"{{written}} MB in {{folder}}"
+attempt("600 MB beside the kernel's sockets", fill_the_socket_folder)
 """
     library_before = LIBRARY_FILE.read_bytes()
     with pytest.MonkeyPatch.context() as patch:
@@ -343,6 +388,34 @@ def test_no_process_outlives_grading(hostile, marker_folder, route):
 
 
 @needs_sandbox
+def test_threads_are_capped_even_for_roots_mapped_uid(hostile):
+    outcome = hostile[1]["1,500 threads"]
+    assert outcome.startswith("STOPPED RuntimeError: can't start new thread"), (
+        f"a notebook started 1,500 threads under a cap of {sandbox.KERNEL_PROCESSES}: {outcome}")
+    started = int(outcome.split(" after ")[1].split()[0])
+    assert started < sandbox.KERNEL_PROCESSES, f"{started} threads started under a cap of {sandbox.KERNEL_PROCESSES}"
+
+
+@needs_sandbox
+@pytest.mark.parametrize("route", ["ptrace the sandbox's first process", "io_uring_setup", "process_vm_readv"])
+def test_ptrace_io_uring_and_other_processes_memory_are_refused(hostile, route):
+    assert_stopped(hostile[1], route, "Operation not permitted")
+
+
+@needs_sandbox
+def test_nothing_the_kernel_can_write_is_a_host_folder(hostile):
+    """The kernel's sockets and key live in its own /tmp (a capped tmpfs), not in a host folder bound
+    read-write: 600 MB written beside them stop at the tmpfs's cap and never reach the host's disk."""
+    outcomes = hostile[1]
+    assert outcomes["read-write host mounts"] == "GOT []", f"host folders are writable: {outcomes['read-write host mounts']}"
+    outcome = outcomes["600 MB beside the kernel's sockets"]
+    assert outcome.startswith("STOPPED OSError") and "No space left on device" in outcome, outcome
+    assert f"in {os.path.dirname(sandbox.KERNEL_SOCKETS)}" in outcome, outcome
+    written = int(outcome.split(" after ")[1].split()[0])
+    assert written <= sandbox.TMP_BYTES // 2**20, f"{written} MB written, more than the sandbox's /tmp holds"
+
+
+@needs_sandbox
 def test_nothing_written_in_tmp_shm_or_home_reaches_a_later_notebook(hostile, tmp_path, monkeypatch):
     for leftover in ("leave a file in /tmp", "leave a file in /dev/shm", "leave an IPython startup file",
                      "leave a user kernelspec"):
@@ -410,8 +483,9 @@ attempt("other kernels' keys", lambda: keys)
             victim.kill()
     own = outcomes["own folder"][5:-1]
     assert_still_graded(report, "the attacker")
-    assert outcomes["folders seen"] == f"GOT [{own!r}]", (
-        f"a kernel saw folders other than its own ({own}): {outcomes['folders seen']}")
+    assert own == os.path.dirname(sandbox.KERNEL_SOCKETS), f"the kernel's key is not in its own /tmp: {own}"
+    assert outcomes["folders seen"] == "GOT []", (
+        f"a kernel saw the host's kernel folders: {outcomes['folders seen']}")
     assert outcomes["other kernels' keys"] == "GOT []", outcomes["other kernels' keys"]
     others = host_seen - {own}
     assert others, "no other kernel ran on the host during the attack, so the test proved nothing"
@@ -486,13 +560,29 @@ def run_kernel(code, cwd, mode="required", then=None):
     return asyncio.run(main())
 
 
-def kernel_processes(connection_file):
-    """Host pids of processes whose command line names this kernel's connection file."""
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+def running(pid, wait=5.0):
+    """Is `pid` still running (not gone, not a zombie) after up to `wait` seconds?"""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def sandbox_processes(first):
+    """Host pids of the sandbox whose first process is `first`: it and its descendants."""
+    found, children = [first], {}
+    for status in glob.glob("/proc/[0-9]*/status"):
         with contextlib.suppress(OSError):
-            if connection_file.encode() in pathlib.Path(cmdline).read_bytes():
-                found.append(int(cmdline.split("/")[2]))
+            parent = next(int(line.split()[1]) for line in open(status) if line.startswith("PPid:"))
+            children.setdefault(parent, []).append(int(status.split("/")[2]))
+    for pid in found:
+        found += children.get(pid, [])
     return found
 
 
@@ -528,8 +618,8 @@ def test_kernel_folder_is_removed_after_a_crash(tmp_path, how):
             await asyncio.sleep(1)
             client.stop_channels()
         else:
-            kernels = [pid for pid in kernel_processes(km.connection_file)
-                       if b"autograder.kernel" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2]]
+            kernels = [pid for pid in sandbox_processes(km.sandbox_pid)
+                       if b"autograder.kernel" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()]
             assert kernels, "could not find the kernel's process on the host"
             for pid in kernels:
                 os.kill(pid, 9)
@@ -540,8 +630,9 @@ def test_kernel_folder_is_removed_after_a_crash(tmp_path, how):
         assert not await km.is_alive(), f"the kernel survived {how}"
     _, km = run_kernel("x = 1", tmp_path, then=crash)
     folder = pathlib.Path(km.connection_file).parent
-    assert not folder.exists(), f"{folder} (the kernel's key and sockets) outlived the kernel ({how})"
-    assert not kernel_processes(km.connection_file), f"processes of the sandbox outlived the kernel ({how})"
+    assert not folder.exists(), f"{folder} (the kernel's key) outlived the kernel ({how})"
+    assert not running(km.sandbox_pid), f"the sandbox outlived the kernel ({how})"
+    assert km.cgroup is None or not os.path.exists(km.cgroup), f"its pids cgroup outlived the kernel ({how})"
 
 
 @needs_sandbox
