@@ -73,6 +73,7 @@ class GuardedExecute(PrivateSocketExecute):
                 grade_id = cell.metadata.nbgrader["grade_id"]
                 self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
         self._key = key
+        self._routes, self._taken = self.read_source(nb, resources)
         self._report_token = judging.token(key, "guard report")
         # The judges need torch (about 2 s to import): load them while the kernel starts and runs.
         self._warm_up = judging.load_checks_in_background(ref for _, ref, _ in self._armed.values())
@@ -106,10 +107,41 @@ class GuardedExecute(PrivateSocketExecute):
             cell.source = source
 
     def finish(self, nb, resources=None):
-        """After the last cell: the guard's findings and the judges' verdicts, as (findings, flags)."""
-        findings = self._guard_findings()
+        """After the last cell: what the source and the guard found, and the judges' verdicts, as
+        (findings, flags). What the kernel reports adds to the source's findings, never removes one."""
+        findings = self._routes + [f for f in self._guard_findings() if f not in self._routes]
         self._warm_up.join()
         return findings, self._judge(nb)
+
+    def read_source(self, nb, resources=None):
+        """The grader's own reading of the hand-in (autograder/integrity.py), before anything runs:
+        (routes: findings that zero the notebook, {test cell index: findings that fail it})."""
+        from autograder import integrity
+        from autograder.grading import source_notebook
+        assignment = (resources or {}).get("nbgrader", {}).get("assignment")
+        course = set()
+        if assignment:
+            course = {cell.source.strip() for cell in source_notebook(assignment).cells
+                      if cell.cell_type == "code" and not utils.is_solution(cell) and not utils.is_grade(cell)}
+        cells = []
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code" or index in self._armed or utils.is_grade(cell):
+                continue
+            if utils.is_solution(cell):
+                label = f"answer cell '{cell.metadata.nbgrader.get('grade_id', index)}'"
+            else:
+                label = None if cell.source.strip() in course else f"cell {index + 1}"
+            cells.append((index, label, cell.source))
+        routes = integrity.route_findings([(label, source) for _, label, source in cells])
+        calls = {index: (ref, integrity.hidden_call_arguments(nb.cells[index].source))
+                 for index, (_, ref, _) in self._armed.items()}
+
+        def forbidden(ref):
+            try:
+                return judging.resolve_check(ref).forbidden_names(complete=True)
+            except RuntimeError:
+                return ()
+        return routes, integrity.taken_findings(cells, calls, forbidden)
 
     def process_message(self, msg, cell, cell_index):
         msg_type, content = msg["msg_type"], msg["content"]
@@ -179,6 +211,12 @@ class GuardedExecute(PrivateSocketExecute):
             if indices is not None and index not in indices:
                 continue
             cell = nb.cells[index]
+            if index in self._taken:  # decided on the source, whatever the kernel reported
+                verdict = judging.taken_verdict(grade_id, self._taken[index])
+                if not judging.has_error(cell):
+                    cell.outputs.append(verdict.output())
+                flags.append(verdict.flag)
+                continue
             if judging.has_error(cell):
                 continue  # failing already (the visible part, or an unanswered exercise)
             verdict = judging.judge_cell(grade_id, ref, cell_token, self._received.get(index, []))

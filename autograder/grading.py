@@ -129,7 +129,8 @@ def identify_assignment(path, nb=None):
 
 
 def integrity_flags(nb, source_nb):
-    """Findings about test cells that were deleted, duplicated or edited (all restored from source)."""
+    """Findings about test cells that were deleted, duplicated or edited (all restored from source). What
+    the student's own code reaches is read by the grader when it runs the notebook (autograder/integrity.py)."""
     source_tests = {cell.metadata.nbgrader["grade_id"]: cell for cell in source_nb.cells
                     if cell.get("metadata", {}).get("nbgrader", {}).get("grade")}
     seen = {}
@@ -150,43 +151,6 @@ def integrity_flags(nb, source_nb):
             flags.append(f"test cell '{grade_id}' was edited; it was restored from the source")
         if str(copies[0].metadata.nbgrader.get("points")) != str(source_cell.metadata.nbgrader["points"]):
             flags.append(f"test cell '{grade_id}' had its points changed; the source's points were used")
-    course_cells = {cell.source.strip() for cell in source_nb.cells if cell.cell_type == "code"}
-    flags += tampering_flags(nb, source_tests, course_cells)
-    return flags
-
-
-# Code a student has no reason to write: reaching into the grader, or rebinding library functions
-# the tests rely on. A match is a flag for a person to review, not a verdict.
-TAMPERING_PATTERNS = [
-    (re.compile(r"\b(import|from)\s+autograder\b|\bautograder\s*\."), "refers to the autograder package"),
-    (re.compile(r"\b(torch|np|numpy|math|F)\.[\w.]+\s*=[^=]"), "assigns to a library attribute"),
-    (re.compile(r"\bbuiltins\b|__builtins__"), "touches builtins"),
-    (re.compile(r"\bsys\.modules\b|\bsetattr\s*\((torch|np|numpy|math|F)\b"), "rebinds modules"),
-    (re.compile(r"input_transformers|ast_transformers|set_custom_exc|showtraceback|"
-                r"\bexcepthook\b|\bsettrace\b|\bsetprofile\b|register_magic"), "changes how IPython runs cells"),
-    (re.compile(r"\bdef\s+__(eq|ne|torch_function|array_function|array_ufunc)__\b"),
-     "defines a comparison hook that could fake a test"),
-    (re.compile(r"\bsolutions\b|gradebook|\bsqlite3\b|\bautograded\b"), "refers to the grader's files"),
-    (re.compile(r"\b(subprocess|ctypes|os\.system|os\.popen|__import__|importlib)\b|"
-                r"(?<![.\w])(exec|eval|compile)\s*\("),
-     "runs code or programs indirectly"),
-]
-
-
-def tampering_flags(nb, source_tests, course_cells=frozenset()):
-    """Suspicious code in the cells the student wrote (test cells and the course's own are skipped)."""
-    flags = []
-    for index, cell in enumerate(nb.cells):
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if cell.get("cell_type") != "code" or grade_id in source_tests:
-            continue  # test cells are replaced by the source's anyway
-        if cell.get("source", "").strip() in course_cells:
-            continue
-        for pattern, what in TAMPERING_PATTERNS:
-            match = pattern.search(cell.get("source", ""))
-            if match:
-                where = f"answer cell '{grade_id}'" if grade_id else f"cell {index + 1}"
-                flags.append(f"{where} {what}: `{match.group(0).strip()}` (review by hand)")
     return flags
 
 

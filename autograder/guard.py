@@ -36,6 +36,10 @@ ALLOWED_PROGRAMS = {"fc-list", "ldconfig", "gcc", "cc", "ld", "objdump", "uname"
 IPYTHON_BUILTINS = {"exit", "quit", "get_ipython", "display", "_", "__", "___", "__IPYTHON__",
                     "input", "raw_input"}
 
+# Attributes torch itself rebinds when a correct answer changes a setting: torch.set_default_dtype
+# rebinds torch.Storage to the storage class of the new default.
+TORCH_MANAGED = {("torch", "Storage")}
+
 _namespaces = {}     # name -> the live module (or class) watched
 _modules = {}        # name -> {attribute: object} at install time
 _codes = {}          # (name, attribute) -> the function's code at install time
@@ -103,7 +107,7 @@ def install(shell):
     """Record the pristine state and start the audit hook. Call once, before any student code."""
     global _shell, _publish
     _shell = shell
-    _publish = shell.display_pub.publish
+    _publish = _direct_sender(shell.display_pub)
     _namespaces.update(_watched_modules())
     for name, namespace in _namespaces.items():
         _modules[name] = dict(vars(namespace))
@@ -170,6 +174,8 @@ def changes():
         for attribute, original in saved.items():
             if module_name == "builtins" and attribute in IPYTHON_BUILTINS:
                 continue
+            if (module_name, attribute) in TORCH_MANAGED:
+                continue
             now = live.get(attribute, _MISSING)
             if now is not original and not _library_wrapper(now, original):
                 found.append(f"{module_name}.{attribute} was replaced or deleted")
@@ -208,10 +214,27 @@ def report(token):
 
 
 def publish(data):
-    """Send `data` (mime type -> JSON) to the grader as display data, through the publisher
-    recorded at install (IPython's own, outside the grading kernel)."""
+    """Send `data` (mime type -> JSON) to the grader as display data, through the sender recorded at
+    install (outside the grading kernel: IPython's own publisher)."""
     if _publish is not None:
-        _publish(data, metadata={})
+        _publish(data)
     else:
         from IPython.display import publish_display_data
         publish_display_data(data)
+
+
+def _direct_sender(display_pub):
+    """Send display data as ipykernel's publisher does, but past its transform hooks (which code in the
+    notebook can register to drop or rewrite messages), with the session's methods as they were at
+    install. (The grader also reads any reach for the publisher in the source: autograder/integrity.py.)"""
+    session = getattr(display_pub, "session", None)
+    if session is None or not hasattr(display_pub, "pub_socket"):
+        return display_pub.publish
+    make, send, socket, topic = session.msg, session.send, display_pub.pub_socket, display_pub.topic
+    parent_of = type(display_pub).parent_header.fget
+
+    def publish(data):
+        message = make("display_data", {"data": data, "metadata": {}, "transient": {}},
+                       parent=parent_of(display_pub))
+        send(socket, message, ident=topic)
+    return publish

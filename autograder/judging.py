@@ -143,5 +143,13 @@ def judge_cell(grade_id, ref, cell_token, messages):
     return Verdict()
 
 
+def taken_verdict(grade_id, findings):
+    """A test whose code reaches a forbidden oracle in its source (autograder/integrity.py)."""
+    said = "; ".join(findings)
+    return Verdict("AssertionError", f"the code this test grades reaches an oracle the exercise asks you to write "
+                                     f"yourself: {said}. This test scores 0 and is flagged for review.",
+                   flag=f"test '{grade_id}': {said}")
+
+
 def has_error(cell):
     return any(output.get("output_type") == "error" for output in cell.get("outputs", []))

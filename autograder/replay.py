@@ -136,6 +136,7 @@ class ReplayExecute(GuardedExecute):
                      if utils.is_solution(cell)}
         saved = (self._received, self._reports, self._report_token, self._output_bytes, self._errors,
                  self._probe_bytes)
+        graded_cells = list(nb.cells)  # nbclient puts each cell it runs back into the notebook: keep these
         try:
             while ReplayExecute.pending:
                 name, answers = ReplayExecute.pending[0]
@@ -153,6 +154,7 @@ class ReplayExecute(GuardedExecute):
         finally:
             (self._received, self._reports, self._report_token, self._output_bytes, self._errors,
              self._probe_bytes) = saved
+            nb.cells[:] = graded_cells
 
     def _fresh_capture(self, report_token):
         self._received = collections.defaultdict(list)
@@ -175,11 +177,16 @@ class ReplayExecute(GuardedExecute):
         except Exception as error:  # the kernel died or stopped answering: no later variant may use it
             raise Restart(Outcome({}, {}, [], [f"the kernel could not run this variant: {type(error).__name__}: "
                                                f"{error}"], len(ran))) from None
-        findings = self._guard_findings()
         graded = copy.deepcopy(judged)
         for index, cell in ran.items():
             graded.cells[index] = cell
-        flags = self._judge(graded, indices=set(ran))
+        saved = self._routes, self._taken
+        self._routes, self._taken = self.read_source(graded, resources)   # the variant's own source
+        try:
+            findings = self._routes + [f for f in self._guard_findings() if f not in self._routes]
+            flags = self._judge(graded, indices=set(ran))
+        finally:
+            self._routes, self._taken = saved
         outcome = score(graded, findings, flags, self.config, len(ran))
         if findings:
             raise Restart(outcome)

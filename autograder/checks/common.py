@@ -83,6 +83,7 @@ def generator(seed):
 
 # ------------------------------------------------------------------------------------ checks
 _armed = {}  # {"token": ...} while a test cell armed by the grader runs; consumed by the probe
+_running = []  # the Check whose probe is running
 
 
 def arm(token):
@@ -110,6 +111,40 @@ class Check:
     def ref(self):
         return f"{self.module}:{self.name}"
 
+    @property
+    def forbidden(self):
+        return self.forbidden_names(complete=False)
+
+    @functools.lru_cache(maxsize=None)
+    def forbidden_names(self, complete=True):
+        """Every oracle this check's probe may forbid: the lists of dotted names (module constants such as
+        `LOSS_SHORTCUTS`) that the probe, and the functions of its module it calls, refer to, and what the
+        module's `..._shortcuts()` functions it calls return (`complete=True`: also for libraries not
+        imported yet, which a probe leaves out to save their import). The grader decides "taken" on the
+        hand-in's source against the complete list (autograder/integrity.py); `call` refuses a list
+        that is not in the other one (a course bug)."""
+        import ast
+        module = importlib.import_module(self.module)
+        tree = ast.parse(inspect.getsource(module))
+        functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        found, seen, todo = [], set(), [self.name]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            value = getattr(module, name, None)
+            if name in functions and name.endswith("_shortcuts") and callable(value):
+                accepts = "complete" in inspect.signature(value).parameters
+                value = value(complete=complete) if accepts else value()
+            elif name in functions:
+                todo += [n.id for n in ast.walk(functions[name]) if isinstance(n, ast.Name)]
+                continue
+            if (isinstance(value, (list, tuple)) and value
+                    and all(isinstance(v, str) and "." in v for v in value)):
+                found += [v for v in value if v not in found]
+        return tuple(found)
+
     def __call__(self, *student):
         """What the hidden test cell runs, in the student's kernel."""
         token = _armed.pop("token", None)
@@ -123,6 +158,7 @@ class Check:
         """The probe's outcome as wire data: {"data": ...}, {"failed": message}, {"unanswered": true},
         with "taken": [findings] when the watch saw an oracle or a course reference at work."""
         _findings.clear()
+        _running[:] = [self]
         try:
             outcome = {"data": self.probe(seeds, *student)}
         except NotImplementedError:
@@ -131,6 +167,8 @@ class Check:
             outcome = {"failed": str(error)}
         except Exception as error:  # the probe's own code met something unexpected in the student's
             outcome = {"failed": f"the hidden test could not run your code: {type(error).__name__}: {error}"}
+        finally:
+            _running.clear()
         if _findings:
             outcome["taken"] = list(dict.fromkeys(_findings))
         try:
@@ -226,21 +264,29 @@ def reference_globals(fn, **replacements):
 _findings = []  # what the watch saw during the current probe
 
 
-def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", **kwargs):
+def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", capture=None, **kwargs):
     """Probe side: call the student's `fn` quietly and return its result, or raise a teaching
     AssertionError. `forbidden` names the oracles of this exercise (dotted names of torch
     functions, or of courselib functions and classes); `helpers` are reference helpers swapped
-    into the student's globals, trusted to use them."""
+    into the student's globals, trusted to use them. The result is copied to plain data (`plain`)
+    while the watch is still on, so that nothing of it runs later, unwatched; `capture()`, if given,
+    reads what else the probe needs (a cache the function filled) the same way: then the call returns
+    (result, captured)."""
     guard.verify()
     name = name or getattr(fn, "__name__", "your function")
+    if _running and not set(forbidden) <= set(_running[0].forbidden):
+        raise RuntimeError(f"course bug: {_running[0].ref} forbids {sorted(set(forbidden) - set(_running[0].forbidden))} "
+                           "outside a module-level list of dotted names, so the grader cannot check its source")
     if not callable(fn):
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
     watch = Watch(forbidden, forbidden_advice) if forbidden else None
     helpers = {key: watch.trusted(value) if watch else value for key, value in (helpers or {}).items()}
     try:
         with quiet(), reference_globals(fn, **helpers), watch or contextlib.nullcontext():
-            result = fn(*args, **kwargs)
-    except NotImplementedError:
+            result = plain(fn(*args, **kwargs), name)
+            if capture is not None:
+                result = (result, plain(capture(), name))
+    except (NotImplementedError, NotPlain):
         raise
     except Forbidden as error:
         raise AssertionError(f"{name}: {error}") from None
@@ -251,6 +297,37 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
         if watch:
             _findings.extend(f"{name} {finding} ({watch.advice})" for finding in watch.findings)
     return result
+
+
+class NotPlain(AssertionError):
+    """The student's code returned data of a class of its own (a subclass of a container or number)."""
+
+
+def plain(value, name="your function", depth=0):
+    """`value` with every container and number copied to its plain built-in type (a namedtuple or
+    torch.return_types to a tuple, an OrderedDict to a dict, a NumPy scalar to a Python number, a
+    tensor subclass to a tensor): whatever runs to read it runs now. Objects that are not data (a
+    module, a function) are handed back as they are: the probe calls them through `call` again."""
+    kind = type(value)
+    if depth > 12 or value is None or kind in (bool, int, float, complex, str, bytes, torch.Tensor, torch.nn.Parameter,
+                                               np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return value.item() if kind.__module__ != "numpy" else value
+    if isinstance(value, torch.Tensor):
+        return value.as_subclass(torch.Tensor)
+    if isinstance(value, dict):
+        return {plain(k, name, depth + 1): plain(v, name, depth + 1) for k, v in dict.items(value)}
+    for base in (list, tuple, set, frozenset):
+        if isinstance(value, base):
+            return base(plain(item, name, depth + 1) for item in value)
+    for base in (bool, int, float, str, bytes):
+        if isinstance(value, base):
+            return base(value)
+    if inspect.isgenerator(value) or kind.__name__ in ("map", "filter", "zip", "list_iterator", "tuple_iterator"):
+        raise NotPlain(f"{name} returned a {kind.__name__}, which is read only later: return a list, a tuple or a "
+                       "tensor.")
+    return value
 
 
 class _Attempt:
@@ -308,6 +385,21 @@ def _op_name(func):
     """softmax for torch.softmax, Tensor.softmax, torch._softmax, torch.ops.aten._softmax.default..."""
     name = getattr(func, "__name__", None) or str(func)
     return name.split("::")[-1].split(".")[0].lstrip("_")
+
+
+def op_family(name):
+    """The root of a torch operator's name: softmax for _softmax and softmax.default; every
+    scaled_dot_product_* kernel is scaled_dot_product."""
+    name = name.split("::")[-1].split(".")[0].strip("_")
+    return "scaled_dot_product" if name.startswith("scaled_dot_product") else name
+
+
+def same_operator(forbidden, called):
+    """Is `called` (an operator's name) the forbidden one under another name? The same family, or a
+    family of seven letters or more inside it: _safe_softmax and log_softmax are softmax;
+    _scaled_dot_product_attention_math is scaled_dot_product_attention."""
+    forbidden, called = op_family(forbidden), op_family(called)
+    return forbidden == called or (len(forbidden) >= 7 and forbidden in called)
 
 
 @functools.lru_cache(maxsize=None)
@@ -401,9 +493,13 @@ class Watch(TorchFunctionMode):
             self.findings.append(finding)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if not self._trusted and _op_name(func) in self.op_names:
-            self.note(f"called {self.op_names[_op_name(func)]}")
-            raise Forbidden(self.advice)
+        if not self._trusted:
+            called = _op_name(func)
+            hit = self.op_names.get(called) or next(
+                (dotted for op, dotted in self.op_names.items() if same_operator(op, called)), None)
+            if hit:
+                self.note(f"called {hit}")
+                raise Forbidden(self.advice)
         return func(*args, **(kwargs or {}))
 
     def _profile(self, frame, event, arg):
@@ -439,6 +535,8 @@ class Watch(TorchFunctionMode):
         return refuse
 
     def __enter__(self):
+        if notebook_threads():
+            self.note("ran while a thread the notebook started was running (where the grader cannot watch it)")
         self._patches = contextlib.ExitStack()
         for dotted in self.forbidden:  # the plain route, refused with the exercise's advice
             parent, name = _resolve_parent(dotted)
@@ -465,6 +563,23 @@ class Watch(TorchFunctionMode):
                 return False
             return super().__exit__(*exc)
         return False
+
+
+def notebook_threads():
+    """Live threads running code the notebook defined (not a library's own, such as tqdm's monitor)."""
+    found = []
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        code = getattr(getattr(target, "__func__", target), "__code__", None)
+        if code is None:
+            run = getattr(type(thread), "run", None)
+            code = getattr(run, "__code__", None) if run is not threading.Thread.run else None
+        if code is not None and not code.co_filename.startswith(_LIBRARY_PREFIXES):
+            found.append(thread)
+    return found
+
+
+_LIBRARY_PREFIXES = tuple({sys.prefix, sys.base_prefix, _TORCH_DIR, __file__.rsplit("/", 3)[0] + "/"})
 
 
 # ------------------------------------------------------------------------------------ judging
@@ -570,6 +685,7 @@ def count(module):
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["Check", "Forbidden", "Seeds", "Taken", "arm", "attempt", "build", "call", "count", "describe", "expect_close",
+__all__ = ["Check", "Forbidden", "NotPlain", "Seeds", "Taken", "arm", "attempt", "build", "call", "count", "describe",
+           "expect_close",
            "expect_shape", "expect_tensor", "generator", "load_weights", "matches", "probe", "quiet",
            "reference_globals", "resolve", "run", "submodule", "to_numpy"]

@@ -21,10 +21,13 @@ behaviour. The oracles are independent of the reference solution:
 Where raising is the right answer (odd d_model, too long a sequence), the probe reports what was
 raised, as data (`attempt`), and the judge decides.
 """
+import importlib
 import math
 import sys
+
 import numpy as np
 import torch
+
 from autograder.checks.common import attempt, call, probe, quiet
 
 
@@ -66,10 +69,11 @@ def reference_sinusoidal_positional_encoding(num_positions, d_model, base=10000.
 
 
 # ---------------------------------------------------------------- exercise 1: sinusoidal_positional_encoding
-def library_shortcuts():
+def library_shortcuts(complete=False):
     """The library versions of the formula, forbidden only if already imported: patching one would
-    import transformers' model code, seconds of work, for every student who never touched it."""
-    return [target for target in LIBRARY_SHORTCUTS if target.rsplit(".", 1)[0] in sys.modules]
+    import transformers' model code, seconds of work, for every student who never touched it
+    (`complete`: all of them, for the grader's reading of the source)."""
+    return [target for target in LIBRARY_SHORTCUTS if complete or target.rsplit(".", 1)[0] in sys.modules]
 
 
 LIBRARY_ADVICE = "write the formula yourself: transformers' implementation is the oracle here, not the answer."
@@ -290,14 +294,14 @@ ROPE_FUNCTIONS = ["apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "ap
 ROPE_ADVICE = "write the rotation yourself: transformers' rotary code is the oracle here, not the answer."
 
 
-def rope_shortcuts():
+def rope_shortcuts(complete=False):
     """transformers' rotary functions, and the constructors of its rotary-embedding classes (their cos and
     sin tables), in every model module already imported (the notebook imports Llama's for its visible
     test; importing the others here would cost seconds for students who never touched them)."""
     targets = []
     for model in ROPE_MODELS:
         name = f"transformers.models.{model}.modeling_{model}"
-        module = sys.modules.get(name)
+        module = importlib.import_module(name) if complete else sys.modules.get(name)
         if module is None:
             continue
         targets += [f"{name}.{function}" for function in ROPE_FUNCTIONS if hasattr(module, function)]
@@ -407,7 +411,7 @@ LLAMA3_ADVICE = ("write the rescaling yourself: transformers' rope initialisatio
 ROPE_UTILS = "transformers.modeling_rope_utils"
 
 
-def llama3_shortcuts():
+def llama3_shortcuts(complete=False):
     """Every rope initialisation function of transformers (the llama3 one is the oracle). Imported here
     if need be: the visible part of the same test cell has already imported it, so this costs nothing."""
     import importlib

@@ -174,14 +174,15 @@ def test_kernel_crash_scores_zero_with_a_clear_reason(grade_in_tmp):
     assert report.errors and "kernel died" in report.errors[0], report.errors
 
 
-def test_tampering_is_flagged_for_review(grade_in_tmp):
+def test_tampering_scores_zero_and_is_flagged_for_review(grade_in_tmp):
     nb = student_notebook(EXEMPLAR, {"softmax_answer": (
         "import torch\nimport autograder.checks.common as grader\n"
         "grader.expect_close = lambda *args, **kwargs: None\ntorch.allclose = lambda *args, **kwargs: True\n"
         "def softmax(x, dim=-1):\n    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))\n")})
     report = grade_in_tmp(nb, EXEMPLAR)
-    assert any("autograder" in f for f in report.flags), report.flags
-    assert any("assigns to a library attribute" in f for f in report.flags), report.flags
+    assert report.score == 0, f"tampering earned {report.score} points"
+    assert any("answer cell 'softmax_answer' reaches the grader" in f for f in report.flags), report.flags
+    assert any("monkeypatching): `torch.allclose = " in f for f in report.flags), report.flags
 
 
 def test_malformed_cell_metadata_is_graded_not_crashed(grade_in_tmp):

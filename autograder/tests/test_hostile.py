@@ -46,11 +46,6 @@ harness.expect_close = lambda *args, **kwargs: None""",
     ("runs_a_program_to_read_them",
      f"import subprocess\nsubprocess.run(['cat', {str(SOLUTIONS_DIR / A04 / (A04 + '.ipynb'))!r}])",
      "refused: starting a program"),
-    ("reads_a_kernel_key_to_send_code_to_another_students_kernel", """\
-import glob, os, tempfile
-keys = glob.glob(os.path.join(tempfile.gettempdir(), "course-kernels-*", "*", "*.json"))
-print(open(keys[0]).read())""",
-     "refused: opening"),
     ("rewrites_the_course_library_for_the_next_student",
      f"open({str(COURSE_LIBRARY_FILE)!r}, 'a').write('\\ncheck_close = lambda *a, **k: None\\n')",
      "refused: writing"),
@@ -83,11 +78,13 @@ TENSOR_SUBCLASS = attention.sdpa("""
 """)
 
 
-def test_tensor_subclass_that_fakes_comparisons_loses_those_tests(grade_in_tmp):
+def test_tensor_subclass_that_fakes_comparisons_scores_zero_and_is_flagged(grade_in_tmp):
+    """The grader reads the hook in the source (autograder/integrity.py); the wire would refuse the
+    subclass anyway (test_only_plain_data_crosses_to_the_grader)."""
     report = grade_in_tmp(student_notebook(A04, {attention.SDPA: TENSOR_SUBCLASS}), A04)
-    tests = scores_by_test(report)
-    assert not tests["sdpa_values_match_torch"].passed, "a Tensor subclass faked torch.allclose"
-    assert tests["softmax_matches_torch"].passed, "the other exercises must still be graded normally"
+    assert report.score == 0 and not scores_by_test(report)["sdpa_values_match_torch"].passed, (
+        "a Tensor subclass faked torch.allclose")
+    assert any("__torch_function__" in flag and attention.SDPA in flag for flag in report.flags), report.flags
 
 
 class AlwaysEqual(list):

@@ -49,10 +49,14 @@ import re, torch, torch.nn.functional as F
 from autograder import guard, wire
 from autograder.checks import common, self_attention as sa
 
+def forged_weights(q, k, mask):  # the judge's oracle is not in the sandbox: torch's own kernel, on the identity
+    identity = torch.eye(k.shape[-2], dtype=q.dtype).expand(*k.shape[:-2], k.shape[-2], k.shape[-2])
+    return F.scaled_dot_product_attention(q, k, identity, attn_mask=mask)
+
 def forged_outcome(token):
     seeds = common.Seeds(token)
     answer = lambda q, k, v, mask=None: (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-                                         sa.oracle_weights(q, k, mask))
+                                         forged_weights(q, k, mask))
     (q, k, v), masks = sa.mask_cases(seeds)
     return wire.encode({"data": [answer(q, k, v, m) for _, m in masks]})
 
@@ -73,8 +77,9 @@ from autograder import guard, wire
 from autograder.checks import common, self_attention as sa
 
 (q, k, v), masks = sa.mask_cases(common.Seeds("local"))
-recorded = wire.encode({"data": [(F.scaled_dot_product_attention(q, k, v, attn_mask=m), sa.oracle_weights(q, k, m))
-                                 for _, m in masks]})
+identity = __import__("torch").eye(5).expand(2, 2, 5, 5)   # torch's kernel gives the weights on the identity
+recorded = wire.encode({"data": [(F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                                  F.scaled_dot_product_attention(q, k, identity, attn_mask=m)) for _, m in masks]})
 
 def replay(self, *student):
     token = common._armed.pop("token", None)

@@ -151,3 +151,22 @@ def test_nbgrader_validator_passes_solution_and_fails_release(assignment_id):
     assert released.get("failed"), "the untouched release should fail its visible tests"
     assert private_socket_validator(invert=True).validate(str(released_path(assignment_id))) == {}, (
         "`validate --invert`: no test of the untouched release may pass")
+
+
+HINT = re.compile(r"<details><summary>Hint \d+: [^<]+</summary>\n\n.+?\n\n</details>", re.S)
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_every_exercise_has_hints_that_guide_without_the_answer(assignment_id):
+    """Under every exercise, in the markdown cell right before its answer cell: two or three progressive
+    hints, each a collapsible <details> block. (test_no_solution_code_or_hidden_tests_in_course proves
+    that no line of an answer appears in the release, hints included.)"""
+    nb = nbformat.read(solution_path(assignment_id), as_version=4)
+    for index, cell in enumerate(nb.cells):
+        if not is_answer_cell(cell):
+            continue
+        before = nb.cells[index - 1]
+        hints = HINT.findall(before.source) if before.cell_type == "markdown" else []
+        assert 2 <= len(hints) <= 3, (
+            f"{assignment_id}: {cell.metadata.nbgrader['grade_id']} needs 2-3 hints in the markdown cell right before "
+            f"it, each '<details><summary>Hint N: ...</summary>' ... '</details>'; found {len(hints)}")

@@ -1,0 +1,370 @@
+"""Integrity decided in the grader, from the hand-in's source: what the student's code reaches.
+
+Nothing here runs the student's code, and nothing the kernel does can change it: it reads the cells
+the student wrote (answer cells, and code cells that are not the course's own) as IPython would run
+them, and decides two things the grader acts on (autograder/execute.py):
+
+- **routes** (`route_findings`): code that reaches the grader's machinery or reaches code indirectly,
+  which no exercise of this course needs: `exec`/`eval`/`compile`, `__import__` and `importlib`,
+  attribute names computed at run time (`getattr(torch, name)`, `vars(m)[...]`, `operator.attrgetter`)
+  on anything but `self`, dunder attributes beyond the harmless ones (`__dict__`, `__globals__`,
+  `__closure__`, `__subclasses__`...), `sys.modules`/`settrace`/`setprofile`/`_getframe`, threads and
+  processes, `ctypes`, `gc`, frame inspection, pickles, IPython's shell and its hooks
+  (`get_ipython()`, `display_pub`, events, input and AST transformers), torch's function and dispatch
+  modes, assignments to library attributes (monkeypatching; `torch.backends.*` settings excepted) and
+  the autograder itself. A notebook with a route scores 0 and is flagged for review, naming the cell.
+- **taken** (`taken_findings`): a test cell whose check forbids an oracle (the `..._SHORTCUTS` lists
+  of its probe, `Check.forbidden`) fails, and is flagged, when the code it tests reaches that oracle in
+  the source: the student objects the hidden test is handed, every notebook definition they refer to,
+  transitively, and the imports behind their names (`F.softmax`, `from courselib.attention import ...
+  as helper`, `x.softmax(-1)`, `torch._safe_softmax`, `F.log_softmax(...).exp()`).
+
+What the kernel reports (the guard, the probes' watch) is added to these findings; it never removes one.
+"""
+import ast
+import functools
+
+from autograder.checks.common import op_family, same_operator
+from autograder.source import python_source
+
+# dunder attributes a correct answer may use (construction, type names, protocol methods)
+HARMLESS_DUNDERS = {"__init__", "__name__", "__qualname__", "__doc__", "__class__", "__module__", "__len__",
+                    "__call__", "__iter__", "__next__", "__getitem__", "__setitem__", "__contains__",
+                    "__enter__", "__exit__", "__repr__", "__str__", "__hash__", "__post_init__", "__version__",
+                    "__file__", "__annotations__", "__slots__", "__all__", "__main__"}
+# methods whose definition could fake a comparison or hijack torch's dispatch (a result's class is
+# refused by the wire anyway: this names the intent)
+HOOK_METHODS = {"__eq__", "__ne__", "__bool__", "__torch_function__", "__torch_dispatch__",
+                "__array_function__", "__array_ufunc__", "__instancecheck__", "__subclasscheck__",
+                "__getattribute__", "__del__", "__reduce__", "__reduce_ex__", "__init_subclass__", "__set_name__",
+                "__class_getitem__"}
+CALLS = {  # called by name: the route they are
+    "exec": "runs code from a string", "eval": "runs code from a string", "compile": "compiles code",
+    "__import__": "imports by name", "globals": "reaches the notebook's namespace as a dict",
+    "vars": "reaches an object's namespace as a dict", "breakpoint": "starts a debugger",
+    "get_ipython": "reaches IPython's shell",
+}
+MODULES = {  # imported or reached: the route they are
+    "importlib": "imports by name", "runpy": "runs code indirectly", "threading": "starts threads",
+    "_thread": "starts threads", "concurrent": "starts threads or processes",
+    "multiprocessing": "starts processes", "subprocess": "starts programs", "pty": "starts programs",
+    "asyncio": "runs code outside the cell", "signal": "installs signal handlers", "atexit": "runs code at exit",
+    "ctypes": "calls C code", "cffi": "calls C code", "gc": "reaches live objects through the garbage collector",
+    "marshal": "loads code",
+    "pickle": "loads pickles (which run code)", "dill": "loads pickles (which run code)",
+    "cloudpickle": "loads pickles (which run code)", "shelve": "loads pickles (which run code)",
+    "copyreg": "changes how objects are rebuilt", "builtins": "changes Python's builtins",
+    "IPython": "reaches IPython's machinery", "ipykernel": "reaches the kernel's machinery",
+    "jupyter_client": "reaches the kernel's machinery", "zmq": "reaches the kernel's sockets",
+    "autograder": "reaches the grader",
+}
+ALLOWED_IMPORTS = ("IPython.display",)   # submodules of the modules above that a correct answer may use
+SYS_ROUTES = {"modules", "settrace", "setprofile", "gettrace", "getprofile", "_getframe", "_current_frames",
+              "meta_path", "path_hooks", "path_importer_cache", "addaudithook", "excepthook", "displayhook",
+              "breakpointhook", "monitoring"}
+TYPES_ROUTES = {"FunctionType", "CodeType", "MethodType", "ModuleType", "LambdaType", "FrameType", "CellType",
+                "TracebackType", "BuiltinFunctionType"}
+INSPECT_ROUTES = {"currentframe", "stack", "getouterframes", "getinnerframes", "trace", "getmembers",
+                  "getmembers_static", "getclosurevars", "getattr_static", "getframeinfo"}
+OS_ROUTES = {"system", "popen", "fork", "forkpty", "execv", "execve", "execl", "execle", "execlp", "execvp",
+             "execvpe", "spawnv", "spawnl", "spawnve", "posix_spawn", "posix_spawnp", "kill", "killpg", "_exit",
+             "dup2", "write", "fdopen", "openpty", "startfile"}
+TORCH_ROUTES = ("overrides", "_C._set_torch_function_mode", "_C._push_on_torch_function_stack",
+                "_C._pop_torch_function_stack", "_C._get_function_stack_at", "utils._python_dispatch",
+                "_C._set_dispatch_mode", "_C._push_on_torch_dispatch_stack", "_dynamo",
+                "_C._DisableTorchDispatch", "_C.DisableTorchFunction", "_C.DisableTorchFunctionSubclass",
+                "library", "_C._functorch", "ops.load_library")
+LIBRARY_SETTINGS = ("torch.backends.",)          # assignments a correct answer may make (determinism, TF32)
+
+
+def _dotted(node):
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+@functools.lru_cache(maxsize=2048)
+def _tree(source):
+    try:
+        return ast.parse(python_source(source))
+    except (SyntaxError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------- imports
+class Aliases:
+    """What each name a notebook binds by `import` stands for, in cell order (last binding wins)."""
+
+    def __init__(self):
+        self.names = {}
+
+    def learn(self, tree):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        self.names[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        self.names[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if alias.name != "*":
+                        self.names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def resolve(self, dotted):
+        """'torch.nn.functional.softmax' for 'F.softmax' when F is torch.nn.functional; None if the first
+        name is not an import."""
+        head, _, rest = dotted.partition(".")
+        if head not in self.names:
+            return None
+        return self.names[head] + ("." + rest if rest else "")
+
+
+# ------------------------------------------------------------------------------------------- routes
+def route_findings(cells):
+    """Findings (sentences naming the cell and the route) for `cells`: [(label, source)] of the code the
+    student wrote, in order; the imports of every cell before them must be known: pass them too with
+    label None (the course's cells), so that `F` or `np` resolve."""
+    aliases, findings = Aliases(), []
+    for label, source in cells:
+        tree = _tree(source)
+        if tree is None:
+            if label is not None:
+                findings.append(f"{label} does not parse as Python, so its code cannot be checked")
+            continue
+        if label is not None:
+            said = set()
+            for route, code in _routes(tree, aliases):
+                if route not in said:  # one finding per route and cell, with its first place
+                    said.add(route)
+                    findings.append(f"{label} {route}: `{code}`")
+        aliases.learn(tree)
+    return findings
+
+
+def _routes(tree, aliases):
+    local = Aliases()
+    local.names = dict(aliases.names)
+    local.learn(tree)  # its own imports, whatever the order inside the cell
+
+    def resolved(node):
+        dotted = _dotted(node)
+        return (local.resolve(dotted) or dotted) if dotted else None
+
+    for node in ast.walk(tree):
+        code = ast.unparse(node)[:120] if isinstance(node, (ast.expr, ast.stmt)) else ""
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [f"{node.module or ''}.{a.name}" for a in node.names])
+            for module in modules:
+                route = _module_route(module)
+                if route:
+                    yield route, ast.unparse(node)[:120]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CALLS:
+            if local.names.get(node.func.id, node.func.id) == node.func.id:  # not an import of that name
+                yield CALLS[node.func.id], code
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                "getattr", "setattr", "delattr", "hasattr"):
+            if len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant) and not _is_self(node.args[0]):
+                yield "reaches an attribute whose name is computed at run time", code
+            elif node.func.id in ("setattr", "delattr") and node.args and _is_library(resolved(node.args[0]), local):
+                yield "changes a library's attribute (monkeypatching)", code
+        elif isinstance(node, ast.Attribute):
+            if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in HARMLESS_DUNDERS:
+                yield f"reaches `{node.attr}`", code
+            full = resolved(node)
+            route = _attribute_route(full) if full else None
+            if route:
+                yield route, code
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            if node.id in ("__builtins__", "__loader__", "__spec__"):
+                yield f"reaches `{node.id}`", code
+            full = local.resolve(node.id)
+            if full and full != node.id:
+                route = _attribute_route(full)
+                if route:
+                    yield route, code
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in HOOK_METHODS:
+            yield f"defines `{node.name}`, a hook that could fake a test", f"def {node.name}(...)"
+        if isinstance(node, ast.Call) and any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
+                                              and k.value.value is False for k in node.keywords):
+            yield "loads a pickle (weights_only=False runs code)", ast.unparse(node)[:120]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for part in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
+                    if isinstance(part, ast.Attribute):
+                        full = resolved(part)
+                        if full and full.startswith("sys."):
+                            yield "rebinds part of `sys`", code
+                        elif _is_library(full, local) and not full.startswith(LIBRARY_SETTINGS):
+                            yield "changes a library's attribute (monkeypatching)", code
+                    elif isinstance(part, ast.Subscript):
+                        base = resolved(part.value)
+                        if base and base.startswith("sys."):
+                            yield "changes part of `sys`", code
+
+
+def _is_self(node):
+    return isinstance(node, ast.Name) and node.id in ("self", "cls") or (
+        isinstance(node, ast.Attribute) and _is_self(node.value))
+
+
+def _is_library(full, aliases):
+    """Is `full` an attribute of an imported module (not of an object the notebook made)?"""
+    if not full or "." not in full:
+        return False
+    head = full.split(".")[0]
+    return head in {v.split(".")[0] for v in aliases.names.values()}
+
+
+def _module_route(module):
+    return _attribute_route(module.strip("."))
+
+
+def _attribute_route(full):
+    """The route a dotted library name is, or None."""
+    parts = full.split(".")
+    top = parts[0]
+    if any(full == allowed or full.startswith(allowed + ".") for allowed in ALLOWED_IMPORTS):
+        return None
+    if top in MODULES:
+        return MODULES[top]
+    if top == "types" and len(parts) > 1 and parts[1] in TYPES_ROUTES:
+        return "builds functions or code objects"
+    if top == "inspect" and len(parts) > 1 and parts[1] in INSPECT_ROUTES:
+        return "inspects frames and live objects"
+    if top == "sys" and len(parts) > 1 and parts[1] in SYS_ROUTES:
+        return f"reaches `sys.{parts[1]}`"
+    if top == "os" and len(parts) > 1 and parts[1] in OS_ROUTES:
+        return f"reaches `os.{parts[1]}` (processes or the grader's descriptors)"
+    if top == "operator" and len(parts) > 1 and parts[1] in ("attrgetter", "methodcaller"):
+        return "reaches attributes by computed names"
+    if top == "weakref" and len(parts) > 1 and parts[1] == "finalize":
+        return "runs code when an object dies"
+    if top == "torch" and len(parts) > 1:
+        rest = ".".join(parts[1:])
+        if any(rest == r or rest.startswith(r + ".") for r in TORCH_ROUTES):
+            return "changes how torch dispatches its functions (the grader's watch)"
+    return None
+
+
+# -------------------------------------------------------------------------------------------- taken
+def _forbidden_match(full, forbidden):
+    """The forbidden name `full` (a resolved dotted name) reaches, or None."""
+    for name in forbidden:
+        if full == name or full.startswith(name + "."):
+            return name
+        if name.startswith("torch.") and full.startswith("torch.") and same_operator(name.split(".")[-1],
+                                                                                     full.split(".")[-1]):
+            return name
+    return None
+
+
+def _tensor_methods(forbidden):
+    """Method families a check forbids on tensors (`torch.Tensor.softmax` forbids x.softmax(), x.log_softmax()...)."""
+    return {op_family(name.split(".")[-1]) for name in forbidden if name.startswith("torch.Tensor.")}
+
+
+def taken_findings(cells, test_calls, forbidden_of):
+    """{test cell index: [findings]}: `cells` [(index, label or None for the course's, source)] in order,
+    `test_calls` {test cell index: (check ref, [argument source])}, `forbidden_of(ref)` the check's list."""
+    found = {}
+    for test_index, (ref, arguments) in test_calls.items():
+        forbidden = forbidden_of(ref)
+        if not forbidden:
+            continue
+        definitions, aliases = {}, Aliases()
+        for index, label, source in cells:
+            if index >= test_index:
+                break
+            tree = _tree(source)
+            if tree is None:
+                continue
+            aliases.learn(tree)
+            if label is None:
+                continue  # the course's own cells are not the student's answer
+            for statement in tree.body:
+                for name in _bound_names(statement):
+                    definitions[name] = (label, statement)
+        seen, todo, findings = set(), [a for a in arguments], []
+        methods = _tensor_methods(forbidden)
+        own_methods = {n.name for _, s in definitions.values() for n in ast.walk(s)
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in definitions:
+                continue
+            seen.add(name)
+            label, statement = definitions[name]
+            free = _global_names(statement)   # a function's locals are not the notebook's names
+            todo += sorted(free)
+            local = Aliases()
+            local.names = {k: v for k, v in aliases.names.items() if k in free}
+            for node in ast.walk(statement):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    local.learn(node)
+                    for alias in node.names:
+                        module = f"{getattr(node, 'module', '') or ''}.{alias.name}".strip(".")
+                        match = _forbidden_match(module if isinstance(node, ast.ImportFrom) else alias.name, forbidden)
+                        if match:
+                            findings.append(f"{label} uses {match} (`{ast.unparse(node)[:100]}`)")
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                    full = local.resolve(node.id)
+                    match = _forbidden_match(full, forbidden) if full else None
+                    if match:
+                        findings.append(f"{label} uses {match} (`{node.id}`)")
+                elif isinstance(node, ast.Attribute):
+                    dotted = _dotted(node)
+                    full = local.resolve(dotted) if dotted else None
+                    match = _forbidden_match(full, forbidden) if full else None
+                    if not match and not _is_self(node.value) and node.attr not in own_methods:
+                        match = next((f"torch.Tensor.{node.attr}" for m in methods if same_operator(m, node.attr)), None)
+                    if match:
+                        findings.append(f"{label} uses {match} (`{ast.unparse(node)[:100]}`)")
+        if findings:
+            found[test_index] = list(dict.fromkeys(findings))
+    return found
+
+
+def _global_names(statement):
+    """The notebook-level names a statement refers to: for a function or class, the names its body loads
+    without binding them (and those of its decorators, bases and defaults); else every name it loads."""
+    from autograder.source import _free_in_body
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        outer = [*statement.decorator_list, *getattr(statement, "bases", []),
+                 *(k.value for k in getattr(statement, "keywords", []))]
+        if not isinstance(statement, ast.ClassDef):
+            outer += [d for d in [*statement.args.defaults, *statement.args.kw_defaults] if d is not None]
+        return set(_free_in_body(statement)) | {n.id for e in outer for n in ast.walk(e) if isinstance(n, ast.Name)}
+    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _bound_names(statement):
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [statement.name]
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in statement.names]
+    names = []
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.append(node.id)
+    return names
+
+
+def hidden_call_arguments(source):
+    """The sources of the arguments a test cell hands its hidden check: `hidden.check(a, b)` -> [a, b]'s names."""
+    tree = _tree(source)
+    names = []
+    for node in ast.walk(tree) if tree else []:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == "hidden":
+            for argument in [*node.args, *(k.value for k in node.keywords)]:
+                names += [n.id for n in ast.walk(argument) if isinstance(n, ast.Name)]
+    return names
