@@ -10,8 +10,18 @@ JOBS ?= 2
 SCHEDULER ?=
 NB ?=
 SUBMISSIONS ?= autograder/demo_class
+# make grade GRADE_DIR=~/grading: the class's course folder (default autograder/work/class)
+GRADE_DIR ?=
+# make hub: the class list, the hub's folder and its port (README: "The class on JupyterHub")
+ROSTER ?= autograder/hub/roster.example.csv
+HUB_DIR ?= /srv/transformers-course-hub
+HUB_PORT ?= 8000
+HUB_ARGS ?=
+# make lab LAB_ARGS="--no-browser --port=8890": passed on to jupyter lab
+LAB_ARGS ?=
+HUB_PROXY := $(VENV)/hub-proxy/node_modules/.bin/configurable-http-proxy
 
-.PHONY: help env lab test release check grade grade-benchmark clean
+.PHONY: help env hub-env lab hub test release check grade grade-benchmark clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -35,15 +45,32 @@ $(STAMP): environment.yml pyproject.toml tools/pins.py
 	$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null
 	@touch $@
 
+# JupyterHub's proxy, from npm at the versions autograder/hub/package-lock.json pins (npm ci), into .venv:
+# the hub fetches nothing when it starts.
+hub-env: env $(HUB_PROXY)  ## install JupyterHub's proxy (configurable-http-proxy, pinned) for make hub
+$(HUB_PROXY): autograder/hub/package.json autograder/hub/package-lock.json
+	@command -v npm > /dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; } \
+	  || { echo "JupyterHub's proxy needs Node.js 20 or later and npm: install them"; exit 1; }
+	mkdir -p $(VENV)/hub-proxy
+	cp autograder/hub/package.json autograder/hub/package-lock.json $(VENV)/hub-proxy/
+	cd $(VENV)/hub-proxy && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 # Started from autograder/ so that nbgrader's Validate button and formgrader read the course's
-# nbgrader_config.py (nbgrader looks in the server's working folder).
+# nbgrader_config.py (nbgrader looks in the server's working folder). As root (a container, a cloud
+# notebook) JupyterLab refuses to start without --allow-root: it is passed there, with a note.
 lab: env  ## open JupyterLab on the student notebooks in course/
-	cd autograder && ../$(BIN)/jupyter lab --notebook-dir=../course
+	@if [ "$$(id -u)" = 0 ]; then echo "note: running as root (a container?), so JupyterLab gets --allow-root"; fi
+	cd autograder && ../$(BIN)/jupyter lab --notebook-dir=../course $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
+
+# As root: creates the roster's users, then runs the hub in the foreground (Ctrl-C stops it).
+hub: hub-env  ## a JupyterHub for a class on this machine: make hub ROSTER=class.csv [HUB_DIR=... HUB_PORT=...]
+	$(BIN)/python -m autograder.hub up --roster "$(ROSTER)" --dir "$(HUB_DIR)" --port $(HUB_PORT) $(HUB_ARGS)
 
 # Tests and grading never touch the network; `make lab` leaves HF_HUB_OFFLINE to the learner.
 test check release grade grade-benchmark: export HF_HUB_OFFLINE := 1
 
-test: env $(CHROMIUM)  ## run the whole test suite (offline)
+test: env hub-env $(CHROMIUM)  ## run the whole test suite (offline)
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup --durations=15
 
 release: env  ## regenerate course/ from solutions/ with nbgrader generate_assignment
@@ -53,8 +80,8 @@ check: env  ## grade one notebook with hidden tests: make check NB=course/04_sel
 	@test -n "$(NB)" || { echo "usage: make check NB=path/to/notebook.ipynb"; exit 2; }
 	$(BIN)/python -m autograder check "$(NB)"
 
-grade: env  ## grade a class (default: the demo class): make grade SUBMISSIONS=folder-or-lms.zip JOBS=2 | SCHEDULER=tcp://host:8786
-	$(BIN)/python -m autograder grade "$(SUBMISSIONS)" $(if $(SCHEDULER),--scheduler $(SCHEDULER),--jobs $(JOBS))
+grade: env  ## grade a class (default: the demo class): make grade SUBMISSIONS=folder-or-lms.zip JOBS=2 | SCHEDULER=tcp://host:8786 [GRADE_DIR=...]
+	$(BIN)/python -m autograder grade "$(SUBMISSIONS)" $(if $(SCHEDULER),--scheduler $(SCHEDULER),--jobs $(JOBS)) $(if $(GRADE_DIR),--course-dir "$(GRADE_DIR)")
 
 grade-benchmark: env  ## grade the demo class serially, on a 2-process LocalCluster and on dask scheduler + 2 workers; compare, project
 	$(BIN)/python -m autograder.benchmark

@@ -1,0 +1,96 @@
+"""`python -m autograder.hub COMMAND`: the class on JupyterHub (see autograder/hub/__init__.py).
+
+As root:        setup, start, up (setup then start: `make hub`), teardown
+As instructor:  release, duedate, release-feedback (in a terminal of their server)
+"""
+import argparse
+import os
+import pathlib
+import socket
+import sys
+
+from autograder.hub import instructor, setup
+
+CONFIG_FILE = pathlib.Path(__file__).resolve().parent / "jupyterhub_config.py"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(settings):
+    """Replace this process by JupyterHub, for the class in `settings` (Ctrl-C stops it and every server)."""
+    if not setup.PROXY.exists():
+        raise SystemExit(f"JupyterHub's proxy is not installed ({setup.PROXY}): run `make hub-env`")
+    passwords = settings.state / "passwords.csv"
+    print(f"The class's hub: {settings.url}/ (students {', '.join(settings.students)}; instructors "
+          f"{', '.join(settings.instructors)})\nInitial passwords to hand out: {passwords} (root only); "
+          "each user can change theirs with `passwd` in a terminal of their server.", flush=True)
+    env = {**os.environ, setup.HUB_DIR_ENV: str(settings.root), "COURSE_HUB_API_PORT": str(free_port()),
+           "COURSE_HUB_PROXY_API_PORT": str(free_port()), "PYTHONDONTWRITEBYTECODE": "1"}
+    os.chdir(settings.state)
+    hub = pathlib.Path(sys.prefix) / "bin" / "jupyterhub"
+    os.execve(hub, [str(hub), "--config", str(CONFIG_FILE)], env)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m autograder.hub", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, help_text, hub_folder=True):
+        sub = commands.add_parser(name, help=help_text)
+        if hub_folder:
+            sub.add_argument("--dir", default=os.environ.get(setup.HUB_DIR_ENV) or str(setup.DEFAULT_DIR),
+                             help=f"the hub's folder (default: ${setup.HUB_DIR_ENV} or {setup.DEFAULT_DIR})")
+        return sub
+
+    for name, help_text in (("setup", "users from the roster, exchange, configuration, release"),
+                            ("up", "setup, then start the hub (make hub)")):
+        sub = command(name, help_text)
+        sub.add_argument("--roster", required=True, help="the class list (CSV: autograder/hub/roster.py)")
+        sub.add_argument("--ip", default="127.0.0.1", help="the address students reach (default 127.0.0.1)")
+        sub.add_argument("--port", type=int, default=8000)
+        sub.add_argument("--home-base", help="make new users' homes here (default: useradd's, /home)")
+        sub.add_argument("--group-prefix", default="course", help="groups PREFIX-students, PREFIX-instructors")
+        sub.add_argument("--online", action="store_true", help="let servers reach the Hugging Face Hub")
+        sub.add_argument("assignments", nargs="*", help="assignments to release (default: all of course/)")
+    command("start", "start the hub that setup prepared")
+    command("teardown", "stop the class's processes; delete the users, groups and folder setup created")
+    # an instructor's commands read their nbgrader configuration, as nbgrader's own commands do
+    sub = command("release", "(instructor) release assignments into the exchange", hub_folder=False)
+    sub.add_argument("--roster", help="also put the roster's students into the gradebook")
+    sub.add_argument("assignments", nargs="*")
+    sub = command("duedate", "(instructor) set an assignment's due date in the class gradebook", hub_folder=False)
+    sub.add_argument("assignment")
+    sub.add_argument("when", help="ISO time, e.g. 2026-12-01T17:00+01:00 (no zone: UTC)")
+    sub = command("release-feedback", "(instructor) release the feedback `make grade` wrote", hub_folder=False)
+    sub.add_argument("assignment")
+    args = parser.parse_args(argv)
+
+    if args.command in ("setup", "up"):
+        settings = setup.setup(args.roster, args.dir, args.ip, args.port, args.assignments or None,
+                               args.home_base, args.group_prefix, offline=not args.online)
+        print(f"hub folder ready: {settings.root}")
+        if args.command == "up":
+            start(settings)
+    elif args.command == "start":
+        start(setup.Settings.load(args.dir))
+    elif args.command == "teardown":
+        setup.remove(args.dir)
+    elif args.command == "release":
+        print("\n".join(instructor.release(args.assignments, args.roster)))
+    elif args.command == "duedate":
+        print(f"{args.assignment} is due {instructor.set_duedate(args.assignment, args.when)} UTC")
+    elif args.command == "release-feedback":
+        released = instructor.release_feedback(args.assignment)
+        for student, (files, late) in released.items():
+            print(f"{student}: {', '.join(files)} ({f'handed in {late:.0f} s late' if late else 'on time'})")
+        print(f"feedback on {args.assignment} released to {len(released)} students")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
