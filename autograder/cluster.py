@@ -351,6 +351,9 @@ class Dask:
                                       "temporary-directory": self.scratch}):  # nannies' locks too
                     self.cluster = LocalCluster(local_directory=self.scratch,
                         n_workers=self.jobs, threads_per_worker=1, processes=True,
+                        # TLS with certificates made for this cluster only: Dask asks no one who connects,
+                        # and another user of the machine could otherwise run code as the grader
+                        security=True,
                         host="127.0.0.1", dashboard_address=":0",  # a free port: never 8787's neighbours
                         memory_limit=0,  # each grading kernel has its own cap (autograder/kernel.py)
                         silence_logs=logging.ERROR)

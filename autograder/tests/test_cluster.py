@@ -213,3 +213,18 @@ def test_a_scheduler_that_goes_away_ends_the_run_resumably(started, tmp_path):
     summary = classroom.grade_class(hand_ins, root, jobs=1, cell_timeout=TIMEOUT, quiet=True)
     assert summary["notebooks_graded"] == 6 - len(done), "the resumed run did not grade exactly the rest"
     assert len(classroom.Ledger(root / classroom.LEDGER).entries) == 6
+
+
+def test_the_local_cluster_lets_no_one_else_run_code_as_the_grader():
+    """A LocalCluster listens on 127.0.0.1, where every user of the machine can connect: without the
+    cluster's own TLS certificates, a client cannot (it would run code as the grader, outside the sandbox)."""
+    from distributed import Client
+    from distributed.security import Security
+    with cluster.Dask(jobs=1, quiet=True) as engine:
+        assert engine.address.startswith("tls://"), engine.address
+        with pytest.raises((OSError, TimeoutError)):
+            Client(engine.address.replace("tls://", "tcp://"), timeout=5, set_as_default=False)
+        with pytest.raises((OSError, TimeoutError, TypeError)):  # TLS without certificates: refused at once
+            Client(engine.address, timeout=5, set_as_default=False)
+        with pytest.raises((OSError, TimeoutError)):  # certificates of one's own: the cluster's CA refuses them
+            Client(engine.address, security=Security.temporary(), timeout=5, set_as_default=False)
