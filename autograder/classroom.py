@@ -104,11 +104,7 @@ def stretch_as_extra_credit(config, assignments):
     from nbgrader.api import Gradebook
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
         for assignment in assignments:
-            for notebook in gradebook.find_assignment(assignment).notebooks:
-                for cell in notebook.grade_cells:
-                    if grading.is_stretch(cell.name):
-                        cell.max_score = 0.0
-        gradebook.db.commit()
+            grading.stretch_as_extra_credit(gradebook, assignment)
 
 
 def class_run_key(root, quiet=False):
@@ -419,9 +415,8 @@ def _replace_submissions(gradebook, submissions):
             for cell, cell_id in {**grade_cells, **task_cells}.items():
                 grade = {"auto_score": None, "manual_score": None, "extra_credit": None, "needs_manual_grade": False,
                          **nb["grades"].get(cell, {})}
-                if grading.is_stretch(cell):  # extra credit (stretch_as_extra_credit)
-                    grade["extra_credit"] = (grade["extra_credit"] or 0.0) + (grade["auto_score"] or 0.0)
-                    grade["auto_score"] = 0.0 if grade["auto_score"] is not None else None
+                if grading.is_stretch(cell) and grade["auto_score"]:  # a worker that has not moved them yet
+                    grading.stretch_grade_as_extra_credit(grade)
                 rows["grade"].append({"id": new_uuid(), "cell_id": cell_id, "notebook_id": mine, **grade})
             for cell, cell_id in {**solution_cells, **task_cells}.items():
                 comment = {"auto_comment": None, "manual_comment": None, **nb["comments"].get(cell, {})}

@@ -18,6 +18,10 @@ COURSE_ID = "transformers-from-the-ground-up"
 
 # A cell that runs longer than this is interrupted and the rest of the notebook still runs.
 CELL_TIMEOUT_SECONDS = 60
+# A whole notebook's wall-clock budget: cells that start after it are not run (their tests fail), so
+# cells that sleep just under the cell limit cannot hold a grading worker for long. The slowest
+# notebook takes under 30 s of CPU; this leaves room for a loaded machine.
+NOTEBOOK_TIMEOUT_SECONDS = 240
 # Limits of each grading kernel (autograder/kernel.py). A kernel importing torch and transformers
 # maps about 0.8 GB; a memory bomb gets MemoryError at the cap instead of taking the machine down.
 KERNEL_MEMORY_BYTES = 4 * 2**30
@@ -53,6 +57,7 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     c.Execute.timeout = CELL_TIMEOUT_SECONDS
+    c.GuardedExecute.notebook_timeout = NOTEBOOK_TIMEOUT_SECONDS
     c.Execute.interrupt_on_timeout = True
     # After a cell's reply, nbclient waits this long for its last outputs, then fails the whole
     # notebook; the default (4 s) is too short on a loaded grading machine.

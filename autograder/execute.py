@@ -16,6 +16,7 @@ before nbgrader saves the grades, and records the judges' flags.
 import collections
 import json
 import pathlib
+import time
 
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader import utils
@@ -34,6 +35,8 @@ FORGED_REPORT = "more than one integrity report arrived: code in the notebook fo
 MAX_ERROR_CHARS = 20_000      # of one error's message and traceback
 MAX_ERRORS_PER_CELL = 3
 GRADER_MIMES = (guard.PROBE_MIME, guard.REPORT_MIME)
+NOTEBOOK_TIMEOUT = ("the notebook ran past its time budget ({} s of wall-clock time), so this cell did not run: "
+                    "look for cells that wait or loop for long")
 
 
 class GuardedExecute(PrivateSocketExecute):
@@ -42,6 +45,8 @@ class GuardedExecute(PrivateSocketExecute):
     max_output_bytes_per_cell = Integer(1_000_000, help="output kept per cell; the rest is dropped").tag(config=True)
     max_output_bytes_per_notebook = Integer(4_000_000, help="output kept per notebook").tag(config=True)
     max_probe_bytes_per_notebook = Integer(64_000_000, help="hidden tests' data received per notebook").tag(config=True)
+    notebook_timeout = Integer(240, help="seconds of wall-clock time for the whole notebook: later cells do not "
+                                         "run").tag(config=True)
 
     sandbox = Enum(list(SANDBOX_MODES), default_value="required",
                    help="run each kernel in the OS sandbox (autograder/sandbox.py): required, preferred "
@@ -73,6 +78,7 @@ class GuardedExecute(PrivateSocketExecute):
                 grade_id = cell.metadata.nbgrader["grade_id"]
                 self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
         self._key = key
+        self._deadline = time.monotonic() + self.notebook_timeout
         self._routes, self._taken = self.read_source(nb, resources)
         self._report_token = judging.token(key, "guard report")
         # The judges need torch (about 2 s to import): load them while the kernel starts and runs.
@@ -96,7 +102,12 @@ class GuardedExecute(PrivateSocketExecute):
         return result
 
     def execute_armed(self, cell, resources, index):
-        """Run one cell; a test cell runs with the grader's `arm(token)` line in front."""
+        """Run one cell; a test cell runs with the grader's `arm(token)` line in front. Past the notebook's
+        budget a cell does not run (the guard's report, last, always does)."""
+        if cell.cell_type == "code" and index != self._guard_index and time.monotonic() > self._deadline:
+            cell.outputs = [new_output("error", ename="NotebookTimeoutError", evalue=NOTEBOOK_TIMEOUT.format(
+                self.notebook_timeout), traceback=[NOTEBOOK_TIMEOUT.format(self.notebook_timeout)])]
+            return cell, resources
         if index not in self._armed:
             return super().preprocess_cell(cell, resources, index)
         source = cell.source
@@ -105,6 +116,12 @@ class GuardedExecute(PrivateSocketExecute):
             return super().preprocess_cell(cell, resources, index)
         finally:
             cell.source = source
+
+    def _get_timeout(self, cell):
+        """A cell's limit, cut to what is left of the notebook's budget."""
+        limit = super()._get_timeout(cell)
+        left = max(1, int(self._deadline - time.monotonic()) + 1)
+        return left if limit is None or limit < 0 else min(limit, left)
 
     def finish(self, nb, resources=None):
         """After the last cell: what the source and the guard found, and the judges' verdicts, as

@@ -90,6 +90,36 @@ def is_stretch(grade_id):
     return grade_id.startswith(STRETCH_PREFIX)
 
 
+def stretch_as_extra_credit(gradebook, assignment, student=None):
+    """In an nbgrader gradebook, the optional stretch tests of `assignment` as extra credit: worth 0 in its
+    maximum (so grades.csv and the feedback's total are the required points), and `student`'s points on
+    them kept as `extra_credit`. Doing it twice changes nothing."""
+    from nbgrader.api import MissingEntry
+    for notebook in gradebook.find_assignment(assignment).notebooks:
+        for cell in notebook.grade_cells:
+            if is_stretch(cell.name):
+                cell.max_score = 0.0
+    if student is not None:
+        try:
+            submission = gradebook.find_submission(assignment, student)
+        except MissingEntry:
+            submission = None
+        for notebook in submission.notebooks if submission else []:
+            for grade in notebook.grades:
+                if is_stretch(grade.name):
+                    stretch_grade_as_extra_credit(grade)
+    gradebook.db.commit()
+
+
+def stretch_grade_as_extra_credit(grade):
+    """One stretch test's grade (an nbgrader Grade or a dict of its fields): its points moved to extra credit."""
+    get = grade.get if isinstance(grade, dict) else lambda name: getattr(grade, name)
+    put = grade.__setitem__ if isinstance(grade, dict) else lambda name, value: setattr(grade, name, value)
+    put("extra_credit", (get("extra_credit") or 0.0) + (get("auto_score") or 0.0))
+    put("auto_score", 0.0 if get("auto_score") is not None else None)
+    return grade
+
+
 def grade_cells(nb):
     """(grade_id, points) of the test cells of a notebook, in order."""
     return [(cell.metadata.nbgrader["grade_id"], float(cell.metadata.nbgrader.get("points", 0)))
@@ -221,6 +251,8 @@ def _failure_message(cell):
                 return evalue
             if ename == "CellTimeoutError":
                 return "This test cell ran out of time: is there an infinite loop in your code?"
+            if ename == "NotebookTimeoutError":
+                return evalue
             return f"{ename}: {evalue}".strip(": ")
     return ""
 
@@ -230,7 +262,8 @@ def _zero_report(assignment_id, name, source_nb, errors, flags=()):
     return Report.of(name, tests, errors, flags)
 
 
-def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="preferred", executor=None):
+def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="preferred", executor=None,
+                   notebook_timeout=None):
     """Grade the notebook at `path` and return a Report. Never raises on a bad submission.
     `sandbox_mode` (autograder/sandbox.py): "preferred" grades unsandboxed, with a warning, where the
     machine has no sandbox. `executor`: a subclass of GuardedExecute to run it (the suite's replay)."""
@@ -257,7 +290,8 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
         flags = integrity_flags(nb, source_nb)
         sanitize(nb, source_nb)
         flags += restore_answer_cells(nb, assignment_id)
-        autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout, sandbox_mode, executor)
+        autograded_nb, grades, run_errors = autograde(nb, assignment_id, cell_timeout, sandbox_mode, executor,
+                                                      notebook_timeout)
     except Exception as error:  # a submission must never crash the grader
         return _zero_report(assignment_id, assignment_id, source_nb,
                             errors + [f"could not grade {path.name}: {type(error).__name__}: {error}"])
@@ -280,16 +314,16 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
     return Report.of(assignment_id, tests, errors, flags)
 
 
-def autograde(nb, assignment_id, cell_timeout=None, sandbox_mode="preferred", executor=None):
+def autograde(nb, assignment_id, cell_timeout=None, sandbox_mode="preferred", executor=None, notebook_timeout=None):
     """nbgrader generate_assignment + autograde of `nb` in a throw-away course folder.
 
     Returns (the autograded notebook or None, {grade_id: score} or None, [errors]).
     """
     with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
-        return _autograde(nb, assignment_id, pathlib.Path(tmp), cell_timeout, sandbox_mode, executor)
+        return _autograde(nb, assignment_id, pathlib.Path(tmp), cell_timeout, sandbox_mode, executor, notebook_timeout)
 
 
-def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred", executor=None):
+def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred", executor=None, notebook_timeout=None):
     from autograder.sandbox import warn_if_unsandboxed
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
@@ -298,6 +332,8 @@ def _autograde(nb, assignment_id, work, cell_timeout, sandbox_mode="preferred", 
     config = nbgrader_config(root=work, release=work / "release", work=work)
     if cell_timeout is not None:
         config.Execute.timeout = int(cell_timeout)
+    if notebook_timeout is not None:
+        config.GuardedExecute.notebook_timeout = int(notebook_timeout)
     config.NbGraderAPI.log_level = logging.ERROR
     config.GuardedExecute.sandbox = sandbox_mode
     if executor is not None:
@@ -398,6 +434,9 @@ def runaway_notes(autograded_nb):
             name = output.get("ename")
             if name == "CellTimeoutError":
                 notes.append(f"{where} ran past the time limit and was interrupted; grading went on")
+            elif name == "NotebookTimeoutError":
+                notes.append(f"the notebook ran past its time budget: {where} and the cells after it did not run")
+                return notes
             elif name == "MemoryError":
                 notes.append(f"{where} ran out of memory (the grading kernel's cap); grading went on")
             elif "output beyond" in output.get("text", "") and "[grader]" in output.get("text", ""):

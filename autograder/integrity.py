@@ -217,11 +217,8 @@ def _is_self(node):
 
 
 def _is_library(full, aliases):
-    """Is `full` an attribute of an imported module (not of an object the notebook made)?"""
-    if not full or "." not in full:
-        return False
-    head = full.split(".")[0]
-    return head in {v.split(".")[0] for v in aliases.names.values()}
+    """Is `full` an imported module or one of its attributes (not an object the notebook made)?"""
+    return bool(full) and full.split(".")[0] in {v.split(".")[0] for v in aliases.names.values()}
 
 
 def _module_route(module):
@@ -295,8 +292,8 @@ def taken_findings(cells, test_calls, forbidden_of):
                     definitions[name] = (label, statement)
         seen, todo, findings = set(), [a for a in arguments], []
         methods = _tensor_methods(forbidden)
-        own_methods = {n.name for _, s in definitions.values() for n in ast.walk(s)
-                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        own_methods = {n.name for _, s in definitions.values() for c in ast.walk(s) if isinstance(c, ast.ClassDef)
+                       for n in c.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         while todo:
             name = todo.pop()
             if name in seen or name not in definitions:

@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import pathlib
 import tempfile
+import time
 
 import nbformat
 from nbgrader import utils
@@ -166,6 +167,7 @@ class ReplayExecute(GuardedExecute):
 
     def _grade_one(self, name, replaced, steps, judged, resources):
         self._fresh_capture(judging.token(self._key, "guard report", name))
+        self._deadline = time.monotonic() + self.notebook_timeout  # each variant has the notebook's budget
         ran = {}
         try:
             for index in steps.run:
@@ -194,6 +196,7 @@ class ReplayExecute(GuardedExecute):
 
     def _put_back(self, steps, resources):
         self._fresh_capture("none")
+        self._deadline = time.monotonic() + self.notebook_timeout
         for index in steps.restore:
             self._run(copy.deepcopy(self._pristine[index]), resources, index)
 

@@ -1,0 +1,311 @@
+"""Integrity decided in the grader (autograder/integrity.py), attacked as a determined student would.
+
+The grader reads the hand-in's source: every route to the grader's machinery or to code reached
+indirectly zeroes the notebook, naming the cell; an answer whose code reaches its exercise's oracle
+fails that test and is flagged. The kernel's own watch and guard can only add to that. Each route has
+an attack here that must be found, and the idioms of correct answers must not be: a correct answer
+never loses a point or gets a flag. A few attacks run the whole path (04 graded in the sandbox),
+where the source's verdict must hold even when the attack hides from the kernel's watch, and one
+runs at class level beside an honest classmate.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from autograder import classroom, demo, integrity
+from autograder.config import REPO_ROOT
+from autograder.submissions import student_notebook
+from autograder.tests.conftest import scores_by_test
+from autograder.tests.variants import self_attention as attention
+
+A04 = "04_self_attention"
+IMPORTS = (None, "import math\nimport sys\nimport numpy as np\nimport torch\nimport torch.nn.functional as F\n"
+                 "from torch import nn\n")
+
+# (name, code in a student's cell, words of its finding)
+ROUTES = [
+    ("exec", "exec('F.softmax')", "runs code from a string"),
+    ("eval", "f = eval('F.soft' + 'max')", "runs code from a string"),
+    ("compile", "code = compile('1', 'x', 'eval')", "compiles code"),
+    ("dunder import", "m = __import__('torch')", "imports by name"),
+    ("importlib", "import importlib\nm = importlib.import_module('torch.nn.functional')", "imports by name"),
+    ("computed getattr on a module", "f = getattr(torch, 'soft' + 'max')", "computed at run time"),
+    ("computed getattr through a variable", "name = 'softmax'\nf = getattr(F, name)", "computed at run time"),
+    ("attrgetter", "import operator\nf = operator.attrgetter('soft' + 'max')(torch)", "computed names"),
+    ("vars", "f = vars(torch)['softmax']", "namespace as a dict"),
+    ("globals", "g = globals()", "namespace as a dict"),
+    ("__dict__", "f = torch.__dict__['softmax']", "`__dict__`"),
+    ("__globals__", "def f(): pass\ng = f.__globals__", "`__globals__`"),
+    ("__subclasses__", "classes = object.__subclasses__()", "`__subclasses__`"),
+    ("__builtins__", "b = __builtins__", "`__builtins__`"),
+    ("builtins", "import builtins\nbuiltins.print = None", "Python's builtins"),
+    ("sys.modules", "sys.modules['torch'].softmax", "`sys.modules`"),
+    ("sys.settrace", "sys.settrace(lambda *a: None)", "`sys.settrace`"),
+    ("sys.setprofile", "sys.setprofile(None)", "`sys.setprofile`"),
+    ("sys._getframe", "frame = sys._getframe(1)", "`sys._getframe`"),
+    ("rebinding stdout", "sys.stdout = open('x', 'w')", "rebinds part of `sys`"),
+    ("a thread", "import threading\nthreading.Thread(target=print).start()", "starts threads"),
+    ("_thread", "import _thread\n_thread.start_new_thread(print, ())", "starts threads"),
+    ("concurrent futures", "from concurrent.futures import ThreadPoolExecutor", "threads or processes"),
+    ("multiprocessing", "import multiprocessing", "starts processes"),
+    ("subprocess", "import subprocess", "starts programs"),
+    ("os.system", "import os\nos.system('true')", "`os.system`"),
+    ("os.write to the grader's stdout", "import os\nos.write(1, b'{}')", "`os.write`"),
+    ("ctypes", "import ctypes", "calls C code"),
+    ("gc", "import gc\nobjects = gc.get_objects()", "garbage collector"),
+    ("inspect frames", "import inspect\nframe = inspect.currentframe()", "frames and live objects"),
+    ("types.FunctionType", "import types\nf = types.FunctionType(compile('1','x','eval'), {})", "code objects"),
+    ("pickle", "import pickle\npickle.loads(b'')", "pickles"),
+    ("torch.load with pickles", "torch.load('x.pt', weights_only=False)", "weights_only=False"),
+    ("get_ipython", "get_ipython().events.register('pre_run_cell', print)", "IPython's shell"),
+    ("a display hook", "ip = get_ipython()\nip.display_pub.register_hook(lambda message: None)", "IPython's shell"),
+    ("a magic", "%load_ext autoreload", "IPython's shell"),
+    ("IPython internals", "from IPython.core.interactiveshell import InteractiveShell", "IPython's machinery"),
+    ("ipykernel", "import ipykernel", "the kernel's machinery"),
+    ("the autograder", "from autograder.checks import common", "reaches the grader"),
+    ("torch function modes", "from torch.overrides import TorchFunctionMode", "how torch dispatches"),
+    ("torch's mode stack", "torch._C._set_torch_function_mode(None)", "how torch dispatches"),
+    ("monkeypatching torch", "torch.allclose = lambda *a, **k: True", "monkeypatching"),
+    ("monkeypatching F", "F.softmax = print", "monkeypatching"),
+    ("monkeypatching through setattr", "setattr(torch, 'allclose', print)", "monkeypatching"),
+    ("monkeypatching numpy", "np.testing.assert_allclose = print", "monkeypatching"),
+    ("monkeypatching a method", "torch.Tensor.__eq__ = lambda a, b: True", "monkeypatching"),
+    ("an __eq__ that fakes a test", "class Always:\n    def __eq__(self, other):\n        return True",
+     "defines `__eq__`"),
+    ("a __torch_function__", "class T(torch.Tensor):\n    @classmethod\n    def __torch_function__(c, *a):\n"
+                             "        return True", "defines `__torch_function__`"),
+    ("signal handlers", "import signal\nsignal.signal(14, print)", "signal handlers"),
+    ("atexit", "import atexit", "at exit"),
+    ("weakref finalizers", "import weakref\nweakref.finalize(print, print)", "when an object dies"),
+    ("breakpoint", "breakpoint()", "debugger"),
+]
+
+# Idioms of correct answers: none of them may be a route.
+CORRECT = [
+    ("a changed default dtype", "torch.set_default_dtype(torch.float64)\nx = torch.zeros(2)\n"
+                                "torch.set_default_dtype(torch.float32)"),
+    ("seeding and determinism settings", "torch.manual_seed(0)\nnp.random.seed(0)\nimport random\nrandom.seed(0)\n"
+                                         "torch.use_deterministic_algorithms(True)\n"
+                                         "torch.backends.cudnn.deterministic = True\ntorch.backends.cudnn.benchmark = False"),
+    ("einsum and baddbmm", "def f(q, k):\n    s = torch.einsum('bqd,bkd->bqk', q, k)\n"
+                           "    return torch.baddbmm(s, q, k.transpose(1, 2), beta=0.0)"),
+    ("in-place ops", "def f(x):\n    y = x.clone()\n    y -= y.max(-1, keepdim=True).values\n    y.exp_()\n"
+                     "    y /= y.sum(-1, keepdim=True)\n    return y"),
+    ("a caching class", "class Cache:\n    def __init__(self):\n        self.store = {}\n"
+                        "    def __call__(self, key, make):\n        if key not in self.store:\n"
+                        "            self.store[key] = make()\n        return self.store[key]\n"
+                        "    def __len__(self):\n        return len(self.store)\n"
+                        "    def __repr__(self):\n        return f'{type(self).__name__}({len(self)})'"),
+    ("NumPy round trips", "def f(x):\n    a = x.detach().cpu().numpy()\n    return torch.from_numpy(np.exp(a - a.max()))"),
+    ("functools", "import functools\n@functools.lru_cache(maxsize=None)\ndef fib(n):\n    return n if n < 2 else "
+                  "fib(n - 1) + fib(n - 2)\ntotal = functools.reduce(lambda a, b: a + b, [1, 2])\n"
+                  "g = functools.partial(fib, 3)"),
+    ("modules with computed names on self", "class M(nn.Module):\n    def __init__(self, n):\n"
+                                            "        super().__init__()\n        for i in range(n):\n"
+                                            "            setattr(self, f'layer{i}', nn.Linear(2, 2))\n"
+                                            "    def forward(self, x):\n        for i in range(2):\n"
+                                            "            x = getattr(self, f'layer{i}')(x)\n        return x"),
+    ("noise on stderr", "print('note', file=sys.stderr)\nsys.stderr.write('note\\n')\nimport logging, warnings\n"
+                        "logging.getLogger('x').warning('note')\nwarnings.warn('note')"),
+    ("progress bars and displays", "from tqdm.auto import tqdm\nfrom IPython.display import display, HTML\n"
+                                   "for _ in tqdm(range(2)):\n    pass\ndisplay(HTML('<b>x</b>'))"),
+    ("environment settings", "import os\nos.environ['TOKENIZERS_PARALLELISM'] = 'false'\np = os.path.join('a', 'b')"),
+    ("dataclasses and type names", "import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int = 0\n"
+                                   "name = type(P()).__name__\nq = P.__init__"),
+    ("torch.load of weights", "state = torch.load('x.pt', weights_only=True)"),
+    ("plots", "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)\nplt.plot([1, 2])"),
+]
+
+
+def routes_of(code):
+    return integrity.route_findings([IMPORTS, ("answer cell 'x'", code)])
+
+
+@pytest.mark.parametrize("name,code,words", ROUTES, ids=[case[0] for case in ROUTES])
+def test_every_route_is_found_in_the_source_naming_the_cell(name, code, words):
+    found = routes_of(code)
+    assert any(words in finding and finding.startswith("answer cell 'x'") for finding in found), (
+        f"{name}: expected a finding with '{words}', got {found}")
+
+
+@pytest.mark.parametrize("name,code", CORRECT, ids=[case[0] for case in CORRECT])
+def test_the_idioms_of_correct_answers_are_no_route(name, code):
+    assert routes_of(code) == [], f"a correct answer ({name}) would be zeroed"
+
+
+# --------------------------------------------------------------------------------------------- taken
+SOFTMAX_FORBIDDEN = ("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.special.softmax",
+                     "courselib.attention.masked_softmax")
+TAKEN = [
+    ("F.softmax", "def softmax(x, dim=-1):\n    return F.softmax(x, dim)"),
+    ("torch.softmax under an alias", "import torch as t\ndef softmax(x, dim=-1):\n    return t.softmax(x, dim)"),
+    ("imported under another name", "from torch.nn.functional import softmax as smooth\n"
+                                    "def softmax(x, dim=-1):\n    return smooth(x, dim)"),
+    ("the Tensor method", "def softmax(x, dim=-1):\n    return x.softmax(dim)"),
+    ("another ATen name", "def softmax(x, dim=-1):\n    return torch._safe_softmax(x, dim)"),
+    ("torch.ops", "def softmax(x, dim=-1):\n    return torch.ops.aten._softmax(x, dim, False)"),
+    ("log_softmax, then exp", "def softmax(x, dim=-1):\n    return F.log_softmax(x, dim).exp()"),
+    ("the course's reference", "from courselib.attention import masked_softmax as helper\n"
+                               "def softmax(x, dim=-1):\n    return helper(x, None)"),
+    ("a helper in another cell", None),
+    ("captured at module level", "oracle = F.softmax\ndef softmax(x, dim=-1):\n    return oracle(x, dim)"),
+    ("a class that computes it", "class Soft:\n    def run(self, x, dim):\n        return torch.special.softmax(x, dim)\n"
+                                 "def softmax(x, dim=-1):\n    return Soft().run(x, dim)"),
+]
+
+
+def taken_of(cells):
+    calls = {99: ("autograder.checks.self_attention:softmax_matches_torch", ["softmax"])}
+    return integrity.taken_findings([(0, *IMPORTS), *[(i + 1, label, code) for i, (label, code) in enumerate(cells)]],
+                                    calls, lambda ref: SOFTMAX_FORBIDDEN).get(99, [])
+
+
+@pytest.mark.parametrize("name,code", TAKEN, ids=[case[0] for case in TAKEN])
+def test_an_answer_that_reaches_the_oracle_in_its_source_is_taken(name, code):
+    if code is None:  # the helper lives in a cell of the student's own, above the answer
+        cells = [("cell 7", "def normalise(x, dim):\n    return torch.nn.functional.softmax(x, dim=dim)"),
+                 ("answer cell 'softmax_answer'", "def softmax(x, dim=-1):\n    return normalise(x, dim)")]
+    else:
+        cells = [("answer cell 'softmax_answer'", code)]
+    found = taken_of(cells)
+    assert found and any(label in found[0] for label, _ in cells), f"{name}: not taken ({found})"
+
+
+@pytest.mark.parametrize("name,code", [
+    ("by hand", "def softmax(x, dim=-1):\n    e = torch.exp(x - x.max(dim, keepdim=True).values)\n"
+                "    return e / e.sum(dim, keepdim=True)"),
+    ("a local variable named like the oracle", "def softmax(x, dim=-1):\n    softmax = torch.exp(x - x.amax(dim, True))\n"
+                                               "    return softmax / softmax.sum(dim, keepdim=True)"),
+    ("a method of its own named softmax", "class S:\n    def softmax(self, x, dim):\n        e = x.exp()\n"
+                                          "        return e / e.sum(dim, keepdim=True)\n"
+                                          "def softmax(x, dim=-1):\n    return S().softmax(x - x.amax(dim, True), dim)"),
+    ("logsumexp", "def softmax(x, dim=-1):\n    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))"),
+])
+def test_correct_answers_are_not_taken(name, code):
+    assert taken_of([("answer cell 'softmax_answer'", code)]) == [], name
+
+
+# ------------------------------------------------------------------------------- the whole path, on 04
+# Hidden from the kernel's watch: the oracle runs in a thread started before the test, so the watch
+# (which follows the calling thread) sees nothing; only the source tells.
+ORACLE_IN_A_THREAD = attention.softmax("""
+    import queue, threading
+    jobs, answers = queue.Queue(), queue.Queue()
+    def worker():
+        while True:
+            x, dim = jobs.get()
+            answers.put(torch.softmax(x, dim))
+    if not getattr(softmax, "started", False):
+        threading.Thread(target=worker, daemon=True).start()
+        softmax.started = True
+    jobs.put((x, dim))
+    return answers.get()
+""")
+# Drops every message that carries a finding on its way out of the kernel.
+ERASE_FINDINGS = """
+def erase(message):
+    data = message.get("content", {}).get("data", {})
+    for body in data.values():
+        if isinstance(body, dict):
+            body.pop("taken", None)
+            if isinstance(body.get("outcome"), dict):
+                body["outcome"].pop("taken", None)
+            if "findings" in body:
+                body["findings"] = []
+    return message
+get_ipython().display_pub.register_hook(erase)
+"""
+
+
+def test_an_oracle_in_a_thread_scores_zero_though_the_watch_cannot_see_it(grade_in_tmp):
+    report = grade_in_tmp(student_notebook(A04, {attention.SOFTMAX: ORACLE_IN_A_THREAD}), A04)
+    assert report.score == 0, f"an oracle computed in a thread earned {report.score} points"
+    assert any("answer cell 'softmax_answer' starts threads" in flag for flag in report.flags), report.flags
+    assert any("softmax_matches_torch" in flag and "torch.softmax" in flag for flag in report.flags), report.flags
+
+
+def test_a_hook_that_erases_findings_in_flight_changes_nothing(grade_in_tmp):
+    taken = {attention.SDPA: attention.sdpa("    return F.scaled_dot_product_attention(q, k, v), None")}
+    report = grade_in_tmp(demo.with_cell(student_notebook(A04, taken), ERASE_FINDINGS), A04)
+    assert report.score == 0, f"findings erased in flight: {report.score} points"
+    assert any("reaches IPython's shell" in flag for flag in report.flags), report.flags
+    assert any("sdpa_values_match_torch" in flag and "scaled_dot_product_attention" in flag
+               for flag in report.flags), report.flags
+
+
+def test_an_oracle_under_another_aten_name_is_caught_by_the_watch_too(grade_in_tmp, monkeypatch):
+    """The kernel's watch on its own (the source's verdict switched off): torch's _safe_softmax."""
+    monkeypatch.setattr(integrity, "taken_findings", lambda *args: {})
+    answer = attention.softmax("    return torch.ops.aten._safe_softmax(x, dim)")
+    report = grade_in_tmp(student_notebook(A04, {attention.SOFTMAX: answer}), A04)
+    assert not scores_by_test(report)["softmax_matches_torch"].passed
+    assert any("softmax_matches_torch" in flag and "softmax called torch." in flag for flag in report.flags), report.flags
+
+
+def test_a_lazy_result_is_read_inside_the_watch(grade_in_tmp, monkeypatch):
+    """A tuple whose items are computed by the oracle only when the probe reads them: the probe copies
+    the result to plain data while the watch is on (the source's verdict switched off)."""
+    monkeypatch.setattr(integrity, "taken_findings", lambda *args: {})
+    answer = attention.sdpa("""
+    class Lazy(tuple):
+        def __iter__(self):
+            yield F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            yield torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1)
+        def __getitem__(self, i):
+            return list(iter(self))[i]
+    return Lazy((None, None))
+""")
+    report = grade_in_tmp(student_notebook(A04, {attention.SDPA: answer}), A04)
+    assert not scores_by_test(report)["sdpa_values_match_torch"].passed
+    assert any("sdpa_values_match_torch" in flag and "scaled_dot_product_attention" in flag
+               for flag in report.flags), report.flags
+
+
+def test_a_notebook_that_sleeps_cannot_hold_a_worker(tmp_path):
+    """Cells that wait just under the cell limit, one after another: the notebook's wall-clock budget
+    stops them, the tests after it fail with the reason, and grading goes on."""
+    from autograder.grading import check_notebook
+    nb = student_notebook(A04)
+    for n in range(4):
+        nb.cells.insert(2, nbformat.v4.new_code_cell("import time\ntime.sleep(2.5)", id=f"sleeps-{n}"))
+    path = tmp_path / f"{A04}.ipynb"
+    nbformat.write(nb, path)
+    report = check_notebook(path, cell_timeout=3, notebook_timeout=8)
+    assert report.score == 0, report.score
+    assert any("ran past its time budget" in note for note in report.flags), report.flags
+    assert "time budget" in scores_by_test(report)["sdpa_mask"].message
+
+
+def test_nothing_a_notebook_prints_precedes_or_forges_the_grading_contract(tmp_path):
+    """The notebook writes a forged result and terminal escapes to its stdout and stderr: `check --json`
+    prints one JSON object, the grader's own."""
+    forged = ("import os\nos.write(1, b'{\"score\": 14.0, \"max_score\": 14.0}\\n\\x1b[2J')\n"
+              "os.write(2, b'{\"score\": 14.0}\\n\\x1b[31m')\nprint('{\"score\": 14.0}')")
+    path = tmp_path / f"{A04}.ipynb"
+    nbformat.write(demo.with_cell(student_notebook(A04, demo.WRONG_ANSWERS_04), forged), path)
+    result = subprocess.run([sys.executable, "-m", "autograder", "check", str(path), "--json"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    report = json.loads(result.stdout)  # the whole of stdout is one JSON object
+    assert report["score"] == 0 and "\x1b" not in result.stdout, result.stdout[:500]
+    assert any("os.write" in flag for flag in report["flags"]), report["flags"]
+
+
+# ------------------------------------------------------------------------------------- class level
+def test_at_class_level_the_attacker_scores_zero_and_the_classmate_keeps_every_point(tmp_path):
+    hand_ins = tmp_path / "hand-ins" / "submitted"
+    notebooks = {"honest": student_notebook(A04),
+                 "eve": demo.with_cell(student_notebook(A04, {attention.SOFTMAX: ORACLE_IN_A_THREAD}), ERASE_FINDINGS)}
+    for student, nb in notebooks.items():
+        (hand_ins / student / A04).mkdir(parents=True)
+        nbformat.write(nb, hand_ins / student / A04 / f"{A04}.ipynb")
+    root = tmp_path / "course"
+    classroom.grade_class(hand_ins.parent, root, jobs=1, quiet=True)
+    entries = classroom.Ledger(root / classroom.LEDGER).entries
+    assert entries[("honest", A04)]["score"] == entries[("honest", A04)]["max_score"] and not entries[("honest", A04)]["flags"]
+    eve = entries[("eve", A04)]
+    assert eve["score"] == 0, eve
+    assert any("starts threads" in flag for flag in eve["flags"]) and any("IPython's shell" in f for f in eve["flags"])
