@@ -156,12 +156,12 @@ EXPECTED = {
     ("jon", A04): ("full", "ran out of memory"),
     ("kai", A04): ("full", "printed too much"),
     ("lia", A04): ("zero", "torch.allclose was replaced"),
-    ("max", A01): ("partial", "defines a comparison hook that could fake a test"),
+    ("max", A01): ("zero", "defines `__eq__`, a hook that could fake a test"),
     ("nia", A04): ("zero", "input transformers (cleanup) was changed"),
     ("oto", A04): ("zero", "custom exception handler was changed"),
     # In the OS sandbox the solutions and the gradebook are not there to open (unsandboxed, the guard
-    # refuses them); either way her code is flagged for review.
-    ("pia", A04): ("zero", "refers to the grader's files"),
+    # refuses them); either way the grader reads in her code that it opens a database.
+    ("pia", A04): ("zero", "opens a database (the gradebook is one)"),
     ("quy", A04): ("full", None),
 }
 

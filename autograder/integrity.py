@@ -56,7 +56,7 @@ MODULES = {  # imported or reached: the route they are
     "copyreg": "changes how objects are rebuilt", "builtins": "changes Python's builtins",
     "IPython": "reaches IPython's machinery", "ipykernel": "reaches the kernel's machinery",
     "jupyter_client": "reaches the kernel's machinery", "zmq": "reaches the kernel's sockets",
-    "autograder": "reaches the grader",
+    "autograder": "reaches the grader", "sqlite3": "opens a database (the gradebook is one)",
 }
 ALLOWED_IMPORTS = ("IPython.display",)   # submodules of the modules above that a correct answer may use
 SYS_ROUTES = {"modules", "settrace", "setprofile", "gettrace", "getprofile", "_getframe", "_current_frames",

@@ -67,6 +67,7 @@ ROUTES = [
     ("IPython internals", "from IPython.core.interactiveshell import InteractiveShell", "IPython's machinery"),
     ("ipykernel", "import ipykernel", "the kernel's machinery"),
     ("the autograder", "from autograder.checks import common", "reaches the grader"),
+    ("the gradebook", "import sqlite3\nsqlite3.connect('gradebook.db')", "opens a database"),
     ("torch function modes", "from torch.overrides import TorchFunctionMode", "how torch dispatches"),
     ("torch's mode stack", "torch._C._set_torch_function_mode(None)", "how torch dispatches"),
     ("monkeypatching torch", "torch.allclose = lambda *a, **k: True", "monkeypatching"),
