@@ -157,6 +157,11 @@ def _routes(tree, aliases):
         dotted = _dotted(node)
         return (local.resolve(dotted) or dotted) if dotted else None
 
+    # names the notebook binds to a library by plain assignment (`m = torch`, `f = F`): still the library
+    library_aliases = {target.id for statement in ast.walk(tree) if isinstance(statement, ast.Assign)
+                       for target in statement.targets if isinstance(target, ast.Name)
+                       and _is_library(resolved(statement.value), local)}
+
     for node in ast.walk(tree):
         code = ast.unparse(node)[:120] if isinstance(node, (ast.expr, ast.stmt)) else ""
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -171,12 +176,14 @@ def _routes(tree, aliases):
                 yield CALLS[node.func.id], code
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
                 "getattr", "setattr", "delattr", "hasattr"):
-            if len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant) and not _is_self(node.args[0]):
-                yield "reaches an attribute whose name is computed at run time", code
+            if len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant) and _dynamic_target(
+                    node.args[0], local, library_aliases):
+                yield "reaches an attribute of a library whose name is computed at run time", code
             elif node.func.id in ("setattr", "delattr") and node.args and _is_library(resolved(node.args[0]), local):
                 yield "changes a library's attribute (monkeypatching)", code
         elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in HARMLESS_DUNDERS:
+            if (node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in HARMLESS_DUNDERS
+                    and not (node.attr == "__dict__" and isinstance(node.value, ast.Name) and node.value.id == "self")):
                 yield f"reaches `{node.attr}`", code
             full = resolved(node)
             route = _attribute_route(full) if full else None
@@ -209,6 +216,16 @@ def _routes(tree, aliases):
                         base = resolved(part.value)
                         if base and base.startswith("sys."):
                             yield "changes part of `sys`", code
+
+
+def _dynamic_target(node, aliases, library_aliases):
+    """Is getattr's object a library (an import, or a name bound to one)? An object the notebook made or
+    was handed (`getattr(layer, name)`, `getattr(self.blocks[i], name)`) is not. (`sys.modules[...]`,
+    `importlib` and `vars` are routes of their own.)"""
+    dotted = _dotted(node)
+    if dotted is None:
+        return False
+    return dotted.split(".")[0] in library_aliases or _is_library(aliases.resolve(dotted), aliases)
 
 
 def _is_self(node):

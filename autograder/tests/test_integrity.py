@@ -35,6 +35,7 @@ ROUTES = [
     ("importlib", "import importlib\nm = importlib.import_module('torch.nn.functional')", "imports by name"),
     ("computed getattr on a module", "f = getattr(torch, 'soft' + 'max')", "computed at run time"),
     ("computed getattr through a variable", "name = 'softmax'\nf = getattr(F, name)", "computed at run time"),
+    ("computed getattr through an alias", "m = torch\nf = getattr(m, 'soft' + 'max')", "computed at run time"),
     ("attrgetter", "import operator\nf = operator.attrgetter('soft' + 'max')(torch)", "computed names"),
     ("vars", "f = vars(torch)['softmax']", "namespace as a dict"),
     ("globals", "g = globals()", "namespace as a dict"),
@@ -118,6 +119,11 @@ CORRECT = [
     ("dataclasses and type names", "import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int = 0\n"
                                    "name = type(P()).__name__\nq = P.__init__"),
     ("torch.load of weights", "state = torch.load('x.pt', weights_only=True)"),
+    ("computed names on objects handed in", "def copy(ours, theirs):\n    for name in ('q_proj', 'k_proj'):\n"
+                                            "        getattr(ours, name).weight.copy_(getattr(theirs.attn, name).weight)\n"
+                                            "        setattr(ours, name + '_copied', True)"),
+    ("an unregistered submodule", "class C(nn.Module):\n    def __init__(self, encoder):\n"
+                                  "        super().__init__()\n        self.__dict__['encoder'] = encoder"),
     ("plots", "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)\nplt.plot([1, 2])"),
 ]
 
