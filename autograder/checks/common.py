@@ -115,19 +115,28 @@ class Check:
     def forbidden(self):
         return self.forbidden_names(complete=False)
 
-    @functools.lru_cache(maxsize=None)
     def forbidden_names(self, complete=True):
         """Every oracle this check's probe may forbid: the lists of dotted names (module constants such as
         `LOSS_SHORTCUTS`) that the probe, and the functions of its module it calls, refer to, and what the
-        module's `..._shortcuts()` functions it calls return (`complete=True`: also for libraries not
+        module's `..._shortcuts()` functions it calls return now (`complete=True`: also for libraries not
         imported yet, which a probe leaves out to save their import). The grader decides "taken" on the
-        hand-in's source against the complete list (autograder/integrity.py); `call` refuses a list
-        that is not in the other one (a course bug)."""
+        hand-in's source against the complete list (autograder/integrity.py); `call` refuses a list that
+        is not in the other one (a course bug)."""
+        constants, functions = self._forbidden_sources()
+        found = list(constants)
+        for function in functions:
+            accepts = "complete" in inspect.signature(function).parameters
+            found += [name for name in (function(complete=complete) if accepts else function()) if name not in found]
+        return tuple(found)
+
+    @functools.lru_cache(maxsize=None)
+    def _forbidden_sources(self):
+        """(the constant names, the `..._shortcuts` functions) the probe reaches, read from its module's source."""
         import ast
         module = importlib.import_module(self.module)
         tree = ast.parse(inspect.getsource(module))
         functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-        found, seen, todo = [], set(), [self.name]
+        constants, dynamic, seen, todo = [], [], set(), [self.name]
         while todo:
             name = todo.pop()
             if name in seen:
@@ -135,15 +144,13 @@ class Check:
             seen.add(name)
             value = getattr(module, name, None)
             if name in functions and name.endswith("_shortcuts") and callable(value):
-                accepts = "complete" in inspect.signature(value).parameters
-                value = value(complete=complete) if accepts else value()
+                dynamic.append(value)
             elif name in functions:
                 todo += [n.id for n in ast.walk(functions[name]) if isinstance(n, ast.Name)]
-                continue
-            if (isinstance(value, (list, tuple)) and value
+            elif (isinstance(value, (list, tuple)) and value
                     and all(isinstance(v, str) and "." in v for v in value)):
-                found += [v for v in value if v not in found]
-        return tuple(found)
+                constants += [v for v in value if v not in constants]
+        return tuple(constants), tuple(dynamic)
 
     def __call__(self, *student):
         """What the hidden test cell runs, in the student's kernel."""
