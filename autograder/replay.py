@@ -19,7 +19,9 @@ running only the cells the variant reaches:
    guard reports with a token of the variant's own, and the scores come from nbgrader's own
    `determine_grade` after the course's own post-processors (stderr relabelled, tampering zeroes);
    test cells the variant does not reach keep the reference run's verdicts;
-5. then the reference sources of those cells run again, which puts the kernel back as it was.
+5. before the next variant, the reference sources of the cells the last one left changed, and that the
+   next one does not run itself, run again: the kernel is as the reference left it wherever the next
+   variant reads it (mutants of one answer follow each other, so most need nothing put back).
 A variant that makes the guard report anything (tampering leaves the kernel changed) or kills the
 kernel ends the replay: the remaining variants get a fresh kernel and a fresh reference run.
 
@@ -138,15 +140,19 @@ class ReplayExecute(GuardedExecute):
         saved = (self._received, self._reports, self._report_token, self._output_bytes, self._errors,
                  self._probe_bytes)
         graded_cells = list(nb.cells)  # nbclient puts each cell it runs back into the notebook: keep these
+        dirty = []  # cells the last variant left as it ran them, to put back before a variant that reads them
         try:
             while ReplayExecute.pending:
                 name, answers = ReplayExecute.pending[0]
                 replaced = {answer_at[grade_id]: source for grade_id, source in answers.items()}
                 steps = plan(sources, set(self._armed), replaced)
+                # a cell the next variant runs anyway needs no putting back: mutants of one answer follow
+                # each other, and each runs the cells the last one left
+                self._put_back([index for index in dirty if index not in steps.run], resources)
                 try:
                     ReplayExecute.results[name] = self._grade_one(name, replaced, steps, judged, resources)
                     ReplayExecute.pending.pop(0)
-                    self._put_back(steps, resources)
+                    dirty = steps.restore
                 except Restart as error:
                     ReplayExecute.pending.pop(0)
                     if error.args and isinstance(error.args[0], Outcome):
@@ -194,10 +200,11 @@ class ReplayExecute(GuardedExecute):
             raise Restart(outcome)
         return outcome
 
-    def _put_back(self, steps, resources):
+    def _put_back(self, indices, resources):
+        """Run the reference's version of these cells again (each from the reference's random state)."""
         self._fresh_capture("none")
         self._deadline = time.monotonic() + self.notebook_timeout
-        for index in steps.restore:
+        for index in sorted(indices):
             self._run(copy.deepcopy(self._pristine[index]), resources, index)
 
     def _run(self, cell, resources, index):

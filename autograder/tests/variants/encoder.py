@@ -384,7 +384,7 @@ class LayerNorm(nn.Module):
     # 08's reference MiniBert and loader (courselib.bert) taken for 07's answers: flagged, 0.
     Variant("minibert_is_the_course_reference", {BERT: "from courselib.bert import MiniBert\n"},
             loses=("minibert_embeddings", "minibert_padding_mask", "minibert_matches_hf_bert", "minibert_structure"),
-            message="used the course's reference courselib.bert.MiniBert"),
+            message="courselib.bert.MiniBert"),
     Variant("load_is_the_course_reference", {LOAD: "from courselib.bert import load_hf_bert_weights\n"},
             loses=("load_hf_parity", "load_hf_any_size"), message="flagged for review"),
     # ---- SequenceClassifier
