@@ -15,9 +15,11 @@ The oracles are PyTorch built-ins on purpose: importing `transformers` costs abo
 this notebook's 15 s budget can't spare on a busy 2-core machine.
 """
 import operator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from autograder.checks.common import call, probe
 
 

@@ -18,10 +18,12 @@ The seeds come from the grader's per-run token, so they are never the visible te
 """
 import math
 import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from autograder.checks.common import build, call, count, load_weights, probe, quiet, run, submodule
 from courselib.attention import MultiHeadAttention, padding_mask
 

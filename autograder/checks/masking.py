@@ -21,6 +21,7 @@ the visible tests'.
 """
 import torch
 import torch.nn.functional as F
+
 from autograder.checks.common import call, probe
 from courselib import attention as reference
 

@@ -21,8 +21,10 @@ raised, as data, and the judge decides.
 import functools
 import math
 import numbers
+
 import torch
 from torch import nn
+
 from autograder.checks.common import attempt, call, expect_shape, probe
 from courselib import attention as reference
 

@@ -27,9 +27,11 @@ import pathlib
 import string
 import types
 from collections import Counter
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.models import BPE, WordPiece
+
 import courselib
 from autograder.checks.common import Forbidden, Seeds, call, describe, probe
 
