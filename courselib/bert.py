@@ -25,10 +25,16 @@ and back (notebook 08 pre-trains a MiniBert with its masked-LM head, then hands 
 The head (`dense`, `norm`, `decoder` tied to `token_embeddings`) maps to `cls.predictions.transform.dense`,
 `cls.predictions.transform.LayerNorm` and `cls.predictions.bias` (`mlm_head_hf_names`).
 
+Notebook 08's own exercises have references here too, for its hidden tests (which grade one exercise at a
+time by swapping them in) and for later notebooks: `mask_tokens` (the 80/10/10 corruption), `mlm_loss`,
+`MaskedLMHead` (tied to the token embeddings) and `MiniBertForMaskedLM` (an encoder and a head: ids -> logits).
+`load_hf_masked_lm_weights` loads a whole `BertForMaskedLM` into a `MiniBertForMaskedLM`.
+
 autograder/tests/test_courselib.py proves parity with `transformers.BertModel` and, through the export, with
 `BertForMaskedLM` (float64, eager attention).
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from courselib.attention import padding_mask
@@ -186,5 +192,88 @@ def to_hf_bert_for_masked_lm(model, head, config):
     return hf_mlm.eval()
 
 
-__all__ = ["MiniBert", "hf_names", "init_bert_weights", "load_hf_bert_weights", "minibert_like", "mlm_head_hf_names",
+# ---------------------------------------------------------------- notebook 08's masked language model
+def mask_tokens(input_ids, mask_token_id, vocab_size, special_tokens_mask=None, mlm_probability=0.15,
+                generator=None):
+    """BERT's masked-LM corruption of a batch (notebook 08, exercise 1): (inputs, labels), both like input_ids.
+
+    Each token that special_tokens_mask does not mark is selected with probability mlm_probability; labels hold
+    the original id there and -100 elsewhere. Of the selected tokens 80% become mask_token_id, 10% a random id in
+    0..vocab_size-1 and 10% stay. Every random number comes from `generator` (None: the global one), in this
+    order: selection, [MASK], random-or-kept, the random ids. input_ids is not changed.
+    """
+    inputs, labels = input_ids.clone(), input_ids.clone()
+    probability = torch.full(input_ids.shape, mlm_probability)               # (B, T)
+    if special_tokens_mask is not None:
+        probability.masked_fill_(special_tokens_mask.bool(), 0.0)            # never [CLS], [SEP], [PAD]
+    selected = torch.bernoulli(probability, generator=generator).bool()
+    labels[~selected] = -100                                                 # cross_entropy's ignore_index
+    to_mask = selected & torch.bernoulli(torch.full(input_ids.shape, 0.8), generator=generator).bool()
+    inputs[to_mask] = mask_token_id
+    to_random = selected & ~to_mask & torch.bernoulli(torch.full(input_ids.shape, 0.5), generator=generator).bool()
+    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)
+    inputs[to_random] = random_ids[to_random]
+    return inputs, labels
+
+
+def mlm_loss(logits, labels):
+    """The masked-LM loss (notebook 08, exercise 2): mean cross-entropy over the positions whose label is not
+    -100. logits (B, T, V), labels (B, T) -> a 0-dim tensor."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's masked-LM head (notebook 08, exercise 4): dense, exact GELU, LayerNorm(eps), then `decoder`, whose
+    weight IS the token embedding matrix `embeddings.weight` (tied) and whose bias (V,) is its own.
+
+    forward: hidden states (..., d) -> logits (..., V).
+    """
+
+    def __init__(self, embeddings, eps=1e-12):
+        super().__init__()
+        vocab_size, d_model = embeddings.weight.shape
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = LayerNorm(d_model, eps)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = embeddings.weight   # tied: one Parameter, two names
+        nn.init.zeros_(self.decoder.bias)
+
+    def forward(self, hidden):
+        return self.decoder(self.norm(F.gelu(self.dense(hidden))))   # (..., V)
+
+
+class MiniBertForMaskedLM(nn.Module):
+    """A MiniBert (`bert`) and a masked-LM head (`head`, by default a MaskedLMHead tied to the encoder's token
+    embeddings): forward(input_ids, attention_mask=None, token_type_ids=None) -> logits (B, T, V)."""
+
+    def __init__(self, encoder, head=None):
+        super().__init__()
+        self.bert = encoder
+        self.head = MaskedLMHead(encoder.token_embeddings, encoder.embedding_norm.eps) if head is None else head
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.head(self.bert(input_ids, attention_mask, token_type_ids))   # (B, T, V)
+
+
+def load_hf_masked_lm_weights(model, hf_mlm):
+    """Copy a transformers BertForMaskedLM (or its state dict) into a MiniBertForMaskedLM of the same sizes, in
+    place; returns model. The encoder as `load_hf_bert_weights` does it, the decoder's weight with it (tied), and
+    the head's dense, norm and decoder bias by `mlm_head_hf_names`. A missing tensor or another shape raises
+    ValueError."""
+    state = hf_mlm.state_dict() if isinstance(hf_mlm, nn.Module) else dict(hf_mlm)
+    load_hf_bert_weights(model.bert, state)
+    ours = model.head.state_dict()
+    with torch.no_grad():
+        for name, theirs in mlm_head_hf_names().items():
+            if theirs not in state or name not in ours:
+                raise ValueError(f"no {theirs} in the Hugging Face weights, or no {name} in the head")
+            if tuple(state[theirs].shape) != tuple(ours[name].shape):
+                raise ValueError(f"{theirs} has shape {tuple(state[theirs].shape)}, the head's {name} "
+                                 f"{tuple(ours[name].shape)}")
+            ours[name].copy_(state[theirs])
+    return model
+
+
+__all__ = ["MaskedLMHead", "MiniBert", "MiniBertForMaskedLM", "hf_names", "init_bert_weights", "load_hf_bert_weights",
+           "load_hf_masked_lm_weights", "mask_tokens", "minibert_like", "mlm_head_hf_names", "mlm_loss",
            "to_hf_bert_for_masked_lm"]

@@ -6,8 +6,9 @@ the misconception). Layered as the course's tests are: shape and format first, t
 seeded inputs against independent oracles (`torch.nn.functional.cross_entropy`, `BertForMaskedLM`'s
 own loss and head, `pipeline("fill-mask")`, all run by the judges), then behaviour (rates measured over
 tens of thousands of tokens, special tokens, generators, gradients, ordering, the tiny BERT rebuilt from
-courselib's MiniBert and the learner's head, the optional pseudo-log-likelihood against its definition
-computed one masked copy at a time, and its single forward pass). The models here are the
+courselib's MiniBert and the learner's head, the pre-training step against `BertForMaskedLM` trained on the
+same weights with the same masks, the optional pseudo-log-likelihood against its definition computed one
+masked copy at a time, and its single forward pass). The models here are the
 course's tiny BERT and small random BERTs with their special tokens moved, never the notebook's
 `model`, so the grade doesn't depend on whether bert-base-uncased was available; the random BERTs'
 weights come from the seeds, so both sides build the same ones. The seeds come from the grader's
@@ -18,15 +19,22 @@ import json
 import math
 import numbers
 import threading
+
 import torch
+
 from autograder.checks.common import build, call, expect_shape, probe, quiet, run, submodule
 
 
 MASK_ID = 4  # the id of [MASK] in the synthetic problems below (ids 0-4 play the special tokens)
 
 
-# What answers an exercise outright: refused and flagged when the student's code reaches it.
-MASK_TOKENS_CALLS = ["transformers.data.data_collator.DataCollatorForLanguageModeling.torch_mask_tokens"]
+# What answers an exercise outright: refused and flagged when the student's code reaches it. courselib.bert keeps
+# references of 08's exercises (the hidden tests swap them in to grade one exercise at a time).
+MASK_TOKENS_CALLS = ["transformers.data.data_collator.DataCollatorForLanguageModeling.torch_mask_tokens",
+                     "courselib.bert.mask_tokens"]
+
+
+MLM_LOSS_CALLS = ["courselib.bert.mlm_loss"]
 
 
 PIPELINE_CALLS = ["transformers.pipelines.base.Pipeline.__call__",
@@ -213,7 +221,9 @@ def mask_tokens_generator(seeds, fn):
 
 # ---------------------------------------------------------------- exercise 2: mlm_loss
 def _mlm_loss(fn, logits, labels):
-    result = call(fn, logits, labels, name="mlm_loss")
+    result = call(fn, logits, labels, name="mlm_loss", forbidden=MLM_LOSS_CALLS,
+                  forbidden_advice="write the loss yourself (F.cross_entropy is fine); courselib.bert.mlm_loss is the "
+                                   "course's reference, not the answer.")
     if not torch.is_tensor(result):
         raise AssertionError(f"mlm_loss should return a torch tensor (a scalar you can call .backward() on), "
                              f"but it returned a {type(result).__name__}. Don't call .item().")
@@ -321,7 +331,7 @@ def fill_mask_scores_are_sorted_probabilities(seeds, fn):
     return [_fill_mask(fn, which, text, top_k=tiny_vocab_size()) for which, text in sorted_cases(seeds)]
 
 
-# ---------------------------------------------------------------- exercise 4: top_k_accuracy
+# ---------------------------------------------------------------- exercise 5: top_k_accuracy
 TOP_K_EXAMPLES = [
     ("berlin is the capital of [MASK].", "germany"), ("the capital of spain is [MASK].", "madrid"),
     ("the day after friday is [MASK].", "saturday"), ("three plus four is [MASK].", "seven"),
@@ -363,14 +373,15 @@ def top_k_accuracy_grows_with_k(seeds, fn):
             _accuracy(fn, "tiny", TOP_K_EXAMPLES[:4], tiny_vocab_size()))
 
 
-# ---------------------------------------------------------------- exercise 5: MaskedLMHead
+# ---------------------------------------------------------------- exercise 4: MaskedLMHead
 HF_BERT = "transformers.models.bert.modeling_bert"
 
 
-# transformers' heads answer the exercise outright; courselib has no reference MLM head (only the encoder,
-# courselib.bert.MiniBert, which the exercise builds on).
+# transformers' heads answer the exercise outright, and so does the course's reference head (courselib.bert, which
+# the hidden tests of exercise 6 build their models with); the encoder, courselib.bert.MiniBert, is the exercise's
+# starting point.
 HEAD_CALLS = [f"{HF_BERT}.BertOnlyMLMHead", f"{HF_BERT}.BertLMPredictionHead",
-              f"{HF_BERT}.BertPredictionHeadTransform", f"{HF_BERT}.BertForMaskedLM"]
+              f"{HF_BERT}.BertPredictionHeadTransform", f"{HF_BERT}.BertForMaskedLM", "courselib.bert.MaskedLMHead"]
 
 
 HEAD_ADVICE = ("build the head yourself (dense, GELU, LayerNorm, tied decoder); transformers' BertForMaskedLM "
@@ -515,24 +526,18 @@ def masked_lm_head_tiny_bert(seeds, MaskedLMHead):
     return logits[torch.arange(len(positions)), torch.tensor(positions)]  # (3, V), at the masks
 
 
-# ---------------------------------------------------------------- exercise 6 (optional stretch): pseudo_log_likelihood
-PLL_VOCAB = 50
-
-
-PLL_CASES = [(8901, 9, "a 0/1 integer tensor"), (8902, 13, "a bool tensor")]  # (stream, T, special mask form)
-
-
-def pll_bert(seed):
-    """A small random BertForMaskedLM in float64 (eager attention), its weights from `seed` alone, so that the
-    probe and the judge build the same one. A wide initialisation and random LayerNorms and output bias make
-    its predictions peaked, so that each known mistake gives a clearly different score."""
+# ---------------------------------------------------------------- random masked LMs (exercises 6 and 7)
+def random_mlm(seed, vocab_size, initializer_range):
+    """A small random BertForMaskedLM in float64 (eager attention, no dropout), its weights from `seed` alone, so
+    that the probe and the judge build the same one; random LayerNorms and output bias, so that every one of them
+    is used."""
     from transformers import BertForMaskedLM
 
     from courselib.tiny_bert import tiny_config
     with quiet(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        config = tiny_config(PLL_VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                             intermediate_size=32, max_position_embeddings=32, initializer_range=0.5,
+        config = tiny_config(vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=32, initializer_range=initializer_range,
                              attn_implementation="eager")
         model = BertForMaskedLM(config).double().eval()
         with torch.no_grad():
@@ -540,6 +545,164 @@ def pll_bert(seed):
                 if "LayerNorm" in name or name == "cls.predictions.bias":
                     param.add_(0.3 * torch.randn_like(param))
     return model
+
+
+# ---------------------------------------------------------------- exercise 6: mlm_step
+STEP_VOCAB = 60
+
+
+# What would do the step's work for it: the collator's masking, transformers' BERT (whose own loss is the oracle),
+# the course's export to it, and the course's whole pre-training loop.
+STEP_SHORTCUTS = [MASK_TOKENS_CALLS[0], f"{HF_BERT}.BertForMaskedLM", "courselib.bert.to_hf_bert_for_masked_lm",
+                  "courselib.tiny_bert.pretrain"]
+
+
+STEP_ADVICE = ("write the step yourself with your mask_tokens and mlm_loss; transformers' BertForMaskedLM, trained on "
+               "the same weights, is what your step is compared with.")
+
+
+# The optimiser, learning rate, clipping and the order in which the batches come (a batch that comes back must be
+# masked afresh). SGD shows clipping directly; AdamW is what pre-training uses.
+STEP_CASES = [dict(stream=8951, optimizer="SGD", lr=0.05, max_grad_norm=0.5, order=(0, 1, 0, 1)),
+              dict(stream=8955, optimizer="AdamW", lr=0.02, max_grad_norm=1.0, order=(0, 0, 0))]
+
+
+# Behaviour: one batch three times (fresh masks, the tie kept); a step at lr 0 twice (no accumulation); a step
+# of SGD at lr 1 with a tiny max_grad_norm (the update IS the clipped gradient).
+FRESH_CASE = dict(stream=8961, optimizer="SGD", lr=0.05, max_grad_norm=1.0, order=(0, 0, 0))
+FROZEN_CASE = dict(stream=8965, optimizer="SGD", lr=0.0, max_grad_norm=1.0, order=(0,))
+CLIP_CASE = dict(stream=8969, optimizer="SGD", lr=1.0, max_grad_norm=1e-3, order=(1,))
+
+
+def step_batches(seeds, stream):
+    """Two padded batches of 8 rows, [CLS] ... [SEP] [PAD]..., ids 5.. for words: dicts of input_ids,
+    attention_mask and special_tokens_mask, (8, T) long tensors, as a tokenizer gives them. About 80 words per
+    batch, so that mask_tokens always selects some."""
+    g = seeds.generator(stream)
+    batches = []
+    for _ in range(2):
+        words = torch.randint(8, 13, (8,), generator=g)                   # words per row
+        length = int(words.max()) + 2
+        input_ids = torch.randint(5, STEP_VOCAB, (8, length), generator=g)
+        position = torch.arange(length)[None, :]
+        input_ids[:, 0] = 2                                                # [CLS]
+        input_ids[position == words[:, None] + 1] = 3                      # [SEP]
+        input_ids[position > words[:, None] + 1] = 0                       # [PAD]
+        special = (input_ids == 0) | (input_ids == 2) | (input_ids == 3)
+        batches.append({"input_ids": input_ids, "attention_mask": (input_ids != 0).long(),
+                        "special_tokens_mask": special.long()})
+    return batches
+
+
+def step_case(seeds, case):
+    """A case's random BertForMaskedLM, its batches, and the seed of the generator the masks are drawn from.
+
+    BertModel's word embeddings have a padding row ([PAD], id 0) whose input-side gradient it zeroes; the course's
+    MiniBert has none, so a [PAD] id drawn as one of mask_tokens' random replacements is trained like any token.
+    The oracle model drops the padding row (its weights stay as they are) so that both train alike."""
+    model = random_mlm(seeds.seed(case["stream"]), STEP_VOCAB, 0.2)
+    model.bert.embeddings.word_embeddings.padding_idx = None
+    return model, step_batches(seeds, case["stream"] + 1), seeds.seed(case["stream"] + 2)
+
+
+def step_optimizer(case, parameters):
+    """The case's optimiser (torch's own, default settings apart from the learning rate)."""
+    return getattr(torch.optim, case["optimizer"])(parameters, lr=case["lr"])
+
+
+def _step_model(hf_mlm):
+    """Probe side: hf_mlm's weights in courselib's MiniBertForMaskedLM (the encoder and the reference head, tied),
+    in train mode: the model the student's step trains."""
+    from courselib.bert import MiniBertForMaskedLM, load_hf_masked_lm_weights, minibert_like
+    with torch.random.fork_rng(devices=[]):
+        model = MiniBertForMaskedLM(minibert_like(hf_mlm.config)).double()
+    return load_hf_masked_lm_weights(model, hf_mlm).train()
+
+
+def _plain(value):
+    """A tensor the student returned, without its graph (the judge says what a float would have been)."""
+    return value.detach() if type(value) in (torch.Tensor, torch.nn.Parameter) else value
+
+
+class _Steps:
+    """The student's mlm_step, once per batch of `order`, as ONE call of `call` (in the student's namespace, so that
+    the reference mask_tokens and mlm_loss are swapped in), reading what the judge needs before it returns: the
+    losses, the input_ids the model read at each step, the gradients left after each step, the tie, the
+    parameters."""
+
+    def __init__(self, fn, model, optimizer, batches, order, generator, max_grad_norm):
+        self.fn, self.model, self.optimizer, self.batches = fn, model, optimizer, batches
+        self.order, self.generator, self.max_grad_norm = order, generator, max_grad_norm
+        if hasattr(fn, "__globals__"):
+            self.__globals__ = fn.__globals__
+
+    def __call__(self):
+        model, seen = self.model, []
+
+        def record(module, args, kwargs):
+            ids = args[0] if args else kwargs.get("input_ids")
+            seen.append(ids.detach().clone() if torch.is_tensor(ids) else None)
+
+        hook = model.register_forward_pre_hook(record, with_kwargs=True)
+        losses, gradients = [], []
+        try:
+            for index in self.order:
+                generator = self.generator() if callable(self.generator) else self.generator
+                losses.append(_plain(self.fn(model, self.optimizer, self.batches[index], MASK_ID, STEP_VOCAB,
+                                             generator=generator, max_grad_norm=self.max_grad_norm)))
+                gradients.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
+        finally:
+            hook.remove()
+        decoder = getattr(model.head, "decoder", None)
+        return {"losses": losses, "inputs": seen, "gradients": gradients,
+                "tied": getattr(decoder, "weight", None) is model.bert.token_embeddings.weight,
+                "state": {name: p.detach().clone() for name, p in model.named_parameters()}}
+
+
+def _run_steps(fn, seeds, case, fresh_generator_each_step=False):
+    """Probe side: the student's steps on one case, with the reference mask_tokens and mlm_loss swapped in."""
+    from courselib import bert as reference
+    hf_mlm, batches, mask_seed = step_case(seeds, case)
+    model = _step_model(hf_mlm)
+    optimizer = step_optimizer(case, model.parameters())
+    generator = ((lambda: torch.Generator().manual_seed(mask_seed)) if fresh_generator_each_step
+                 else torch.Generator().manual_seed(mask_seed))
+    parameters = list(model.parameters())   # the optimiser's, even if the step replaced one of them
+    before = [p.detach().clone() for p in parameters]
+    data = call(_Steps(fn, model, optimizer, batches, case["order"], generator, case["max_grad_norm"]),
+                name="mlm_step", helpers={"mask_tokens": reference.mask_tokens, "mlm_loss": reference.mlm_loss},
+                forbidden=STEP_SHORTCUTS, forbidden_advice=STEP_ADVICE)
+    data["moved"] = [float((p.detach() - q).norm()) for p, q in zip(parameters, before)]   # each one's change
+    return data
+
+
+@probe
+def mlm_step_values(seeds, fn):
+    """Losses and parameters after a few steps (SGD with active clipping, then AdamW) of the student's step on a
+    random BERT, against transformers' BertForMaskedLM trained on the same weights and the same masks."""
+    return [_run_steps(fn, seeds, case) for case in STEP_CASES]
+
+
+@probe
+def mlm_step_behaviour(seeds, fn):
+    """A batch that comes back is masked afresh, from the generator passed in; the tie survives the steps; gradients
+    do not pile up from step to step; the update of SGD at lr 1 is the gradient clipped to max_grad_norm."""
+    return {"fresh": _run_steps(fn, seeds, FRESH_CASE),
+            "frozen": _run_steps(fn, seeds, {**FROZEN_CASE, "order": (0, 0)}, fresh_generator_each_step=True),
+            "clip": _run_steps(fn, seeds, CLIP_CASE)}
+
+
+# ---------------------------------------------------------------- exercise 7 (optional stretch): pseudo_log_likelihood
+PLL_VOCAB = 50
+
+
+PLL_CASES = [(8901, 9, "a 0/1 integer tensor"), (8902, 13, "a bool tensor")]  # (stream, T, special mask form)
+
+
+def pll_bert(seed):
+    """A small random BertForMaskedLM in float64: a wide initialisation makes its predictions peaked, so that each
+    known mistake gives a clearly different score."""
+    return random_mlm(seed, PLL_VOCAB, 0.5)
 
 
 def pll_sentence(seeds, stream, length, form):

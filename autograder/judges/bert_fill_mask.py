@@ -9,8 +9,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.common import expect_close, expect_shape, expect_tensor, quiet
+from autograder.checks.common import expect_close, expect_shape, expect_tensor, matches, quiet
 from autograder.checks.bert_fill_mask import (
+    CLIP_CASE,
+    FRESH_CASE,
+    FROZEN_CASE,
     GROWING_K,
     HEAD_CASES,
     LOSS_CASES,
@@ -18,6 +21,8 @@ from autograder.checks.bert_fill_mask import (
     ONE_PASS_CASE,
     PLL_CASES,
     RATES_VOCAB,
+    STEP_CASES,
+    STEP_VOCAB,
     accuracy_cases,
     fill_mask_format,
     fill_mask_matches_pipeline,
@@ -37,6 +42,8 @@ from autograder.checks.bert_fill_mask import (
     mlm_loss_ignores_positions,
     mlm_loss_values,
     mlm_problem,
+    mlm_step_behaviour,
+    mlm_step_values,
     model_and_tokenizer,
     pipeline_cases,
     pll_sentence,
@@ -44,6 +51,8 @@ from autograder.checks.bert_fill_mask import (
     rates_cases,
     sorted_cases,
     special_case,
+    step_case,
+    step_optimizer,
     stretch_pseudo_log_likelihood_one_pass,
     stretch_pseudo_log_likelihood_values,
     tiny_bert,
@@ -513,6 +522,186 @@ def judge_masked_lm_head_tiny_bert(seeds, logits):
         ours = logits[row].double().softmax(-1).topk(5).indices.tolist()
         if ours != theirs:
             raise AssertionError(f"for {text!r} your model's top 5 are {ours}, pipeline('fill-mask')'s {theirs}.")
+
+
+# ---------------------------------------------------------------- exercise 6: mlm_step
+STEP_RECIPE = ("one step: inputs, labels = mask_tokens(batch's input_ids, ..., special_tokens_mask=the batch's, "
+               "generator=generator); loss = mlm_loss(model(inputs, attention_mask), labels); zero the gradients; "
+               "backward; clip the global gradient norm to max_grad_norm; optimizer step; return loss.item(). "
+               "(The tests swap in the course's mask_tokens and mlm_loss, so only this exercise is graded here.)")
+
+
+def reference_masks(batches, order, mask_seed, fresh_generator_each_step=False, special=True):
+    """Judge side: the (inputs, labels) that courselib's mask_tokens draws for each step from the case's generator
+    (the masking is the step's input, drawn by the reference the probe swapped in)."""
+    from courselib.bert import mask_tokens
+    generator, masks = torch.Generator().manual_seed(mask_seed), []
+    for index in order:
+        if fresh_generator_each_step:
+            generator = torch.Generator().manual_seed(mask_seed)
+        batch = batches[index]
+        masks.append(mask_tokens(batch["input_ids"], MASK_ID, STEP_VOCAB, generator=generator,
+                                 special_tokens_mask=batch["special_tokens_mask"] if special else None))
+    return masks
+
+
+def oracle_steps(seeds, case, bug=None):
+    """Judge side: the case's steps done by transformers' BertForMaskedLM on the same weights (its own masked-LM
+    loss, labels=), torch's clip_grad_norm_ and the case's optimiser. `bug` does one known mistake instead.
+    Returns (losses, the trained BertForMaskedLM, the global gradient norm of the first step before clipping)."""
+    model, batches, mask_seed = step_case(seeds, case)
+    model.train()
+    parameters = list(model.parameters())
+    optimizer = step_optimizer(case, parameters)
+    losses, first_norm = [], None
+    for index, (inputs, labels) in zip(case["order"], reference_masks(batches, case["order"], mask_seed)):
+        batch = batches[index]
+        labels = batch["input_ids"] if bug == "every_position" else labels
+        inputs = batch["input_ids"] if bug == "uncorrupted_inputs" else inputs
+        if bug != "accumulate":
+            optimizer.zero_grad()
+        with quiet():
+            loss = model(input_ids=inputs, attention_mask=batch["attention_mask"], labels=labels).loss
+        loss.backward()
+        if bug == "clip_each":
+            for parameter in parameters:
+                torch.nn.utils.clip_grad_norm_(parameter, case["max_grad_norm"])
+        elif bug != "no_clip":
+            norm = torch.nn.utils.clip_grad_norm_(parameters, case["max_grad_norm"])
+            first_norm = float(norm) if first_norm is None else first_norm
+        if bug == "zero_before_step":
+            optimizer.zero_grad()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model, first_norm
+
+
+STEP_DIAGNOSES = {
+    "every_position": "your loss counts every position, as if every token were to be predicted: pass mask_tokens' "
+                      "labels (-100 where nothing is predicted) to mlm_loss, not the batch's input_ids.",
+    "uncorrupted_inputs": "the model read the uncorrupted batch, so it sees every answer: feed it mask_tokens' inputs; "
+                          "the original ids only come back as labels.",
+    "accumulate": "the gradients add up from step to step: zero them (optimizer.zero_grad()) before loss.backward() "
+                  "in every step.",
+    "no_clip": "the gradients were not clipped before the update (or were clipped after optimizer.step(), which "
+               "changes nothing): clip_grad_norm_(model.parameters(), max_grad_norm) between backward and step.",
+    "clip_each": "you clipped each parameter's gradient on its own: max_grad_norm bounds the norm of ALL the "
+                 "gradients together, one global norm (clip_grad_norm_(model.parameters(), max_grad_norm)).",
+    "zero_before_step": "the gradients were zeroed between loss.backward() and optimizer.step(), so the step had "
+                        "nothing to apply: zero them before backward.",
+}
+
+
+def _step_losses(losses, count):
+    if not isinstance(losses, list) or len(losses) != count:
+        raise AssertionError(f"mlm_step was called {count} times and returned {losses!r}: one loss per call.")
+    if not all(type(x) is float for x in losses):
+        kinds = sorted({type(x).__name__ for x in losses})
+        raise AssertionError(f"mlm_step returned {', '.join(kinds)}, not a Python float: return loss.item() (a loss "
+                             "tensor keeps the step's whole graph alive).")
+    return losses
+
+
+def _check_inputs(seeds, case, seen):
+    """Judge side: the model read, at each step, the masking that mask_tokens draws from the generator passed in."""
+    _, batches, mask_seed = step_case(seeds, case)
+    order = case["order"]
+    if len(seen) != len(order) or any(not torch.is_tensor(ids) for ids in seen):
+        raise AssertionError(f"the model ran {len(seen)} times in {len(order)} steps: call it once per step, as "
+                             "model(inputs, attention_mask).")
+    for step, (index, ids) in enumerate(zip(order, seen)):
+        if torch.equal(ids, batches[index]["input_ids"]):
+            raise AssertionError(STEP_DIAGNOSES["uncorrupted_inputs"])
+        earlier = [j for j in range(step) if order[j] == index and torch.equal(seen[j], ids)]
+        if earlier:
+            raise AssertionError(f"at step {step + 1} the batch of step {earlier[0] + 1} came back and the model read "
+                                 "the very same corruption: mask every batch afresh at every step, with the generator "
+                                 "passed in (dynamic masking). A generator seeded inside the step, or masks made once "
+                                 "and kept, mask a sentence the same way each time it comes back.")
+    masks = reference_masks(batches, order, mask_seed)
+    careless = reference_masks(batches, order, mask_seed, special=False)
+    for step, (ids, (inputs, _), (unspecial, _)) in enumerate(zip(seen, masks, careless)):
+        if torch.equal(ids, inputs):
+            continue
+        if torch.equal(ids, unspecial):
+            raise AssertionError("[CLS], [SEP] or [PAD] were masked: pass the batch's special_tokens_mask on to "
+                                 "mask_tokens.")
+        raise AssertionError(f"at step {step + 1} the model did not read the masking that mask_tokens draws from the "
+                             "generator passed in: call mask_tokens(batch['input_ids'], mask_token_id, vocab_size, "
+                             "special_tokens_mask=batch['special_tokens_mask'], generator=generator) once per step, "
+                             "and feed its inputs to the model.")
+
+
+UNTIED_BY_STEP = ("after your steps, head.decoder.weight is no longer bert.token_embeddings.weight: the step untied "
+                  "the head. The decoder and the embeddings are one Parameter; train it as it is, and never "
+                  "replace either one.")
+
+
+@mlm_step_values.judge
+def judge_mlm_step_values(seeds, results):
+    from courselib.bert import hf_names, mlm_head_hf_names
+    for case, data in zip(STEP_CASES, results):
+        where = f"({case['optimizer']}, lr {case['lr']:g}, max_grad_norm {case['max_grad_norm']:g})"
+        losses = _step_losses(data["losses"], len(case["order"]))
+        _check_inputs(seeds, case, data["inputs"])
+        if data["tied"] is not True:
+            raise AssertionError(UNTIED_BY_STEP)
+        if not any(data["moved"]):
+            raise AssertionError(f"{where}: no parameter changed in {len(losses)} steps: optimizer.step() must run "
+                                 "after loss.backward(), with the gradients still there (zero them before backward, "
+                                 "not between backward and step).")
+        expected, model, _ = oracle_steps(seeds, case)
+        theirs = model.state_dict()
+        names = {f"bert.{ours}": f"bert.{name}" for ours, name in hf_names(model.config.num_hidden_layers).items()}
+        names.update({f"head.{ours}": name for ours, name in mlm_head_hf_names().items()})
+        trained = data["state"]
+        missing = [ours for ours in names if ours not in trained]
+        if missing:
+            raise AssertionError(f"after the steps the model has no parameter {missing[0]}: the step must train the "
+                                 "model it is given, not replace its parts.")
+        if matches(losses, expected, 1e-9, 1e-9) and all(matches(trained[ours], theirs[name], 1e-7, 1e-9)
+                                                          for ours, name in names.items()):
+            continue
+        mistakes = {message: oracle_steps(seeds, case, bug) for bug, message in STEP_DIAGNOSES.items()}  # only now
+        expect_close(losses, expected, f"the losses of {len(losses)} steps {where}", hint=STEP_RECIPE,
+                     diagnoses={message: wrong[0] for message, wrong in mistakes.items()}, rtol=1e-9, atol=1e-9)
+        for ours, name in names.items():
+            expect_close(trained[ours], theirs[name], f"{ours} after {len(losses)} steps {where}",
+                         hint="the losses are right but this parameter is not: " + STEP_RECIPE,
+                         diagnoses={message: wrong[1].state_dict()[name] for message, wrong in mistakes.items()},
+                         rtol=1e-7, atol=1e-9)
+
+
+@mlm_step_behaviour.judge
+def judge_mlm_step_behaviour(seeds, data):
+    fresh, frozen, clip = data["fresh"], data["frozen"], data["clip"]
+    for case, result in ((FRESH_CASE, fresh), (FROZEN_CASE, frozen), (CLIP_CASE, clip)):
+        steps = 2 if case is FROZEN_CASE else len(case["order"])
+        _step_losses(result["losses"], steps)
+    _check_inputs(seeds, FRESH_CASE, fresh["inputs"])
+    if fresh["tied"] is not True or frozen["tied"] is not True:
+        raise AssertionError(UNTIED_BY_STEP)
+    first, second = frozen["gradients"]
+    same = len(first) == len(second) and all(
+        (a is None and b is None) or (a is not None and b is not None and torch.allclose(a, b, rtol=1e-9, atol=1e-12))
+        for a, b in zip(first, second))
+    if not same:
+        raise AssertionError("two steps at learning rate 0, on the same batch and the same masks, left different "
+                             "gradients: " + STEP_DIAGNOSES["accumulate"])
+    _, _, norm = oracle_steps(seeds, CLIP_CASE)
+    change = math.sqrt(sum(x * x for x in clip["moved"]))
+    limit = CLIP_CASE["max_grad_norm"] * CLIP_CASE["lr"]
+    if not math.isclose(change, limit, rel_tol=1e-6):
+        hint = ""
+        if math.isclose(change, norm * CLIP_CASE["lr"], rel_tol=1e-6):
+            hint = STEP_DIAGNOSES["no_clip"]
+        elif change > limit:
+            hint = STEP_DIAGNOSES["clip_each"] if change < norm else STEP_DIAGNOSES["no_clip"]
+        elif change == 0:
+            hint = STEP_DIAGNOSES["zero_before_step"]
+        raise AssertionError(f"one SGD step at learning rate 1 with max_grad_norm={CLIP_CASE['max_grad_norm']:g} moved "
+                             f"the parameters by {change:.4g} (the global norm of the change); the gradient's norm was "
+                             f"{norm:.4g}, so the clipped step moves them by exactly {limit:g}. {hint}".strip())
 
 
 def pll_terms(model, input_ids, mask_id, masked):

@@ -595,3 +595,132 @@ ALTERNATIVES += [
     return float(diagonal.log_softmax(-1).gather(-1, input_ids[keep][:, None]).sum())
 """)}),
 ]
+
+
+# ---- mlm_step (exercise 6)
+STEP = "mlm_step_answer"
+STEP_TESTS = ("mlm_step_values", "mlm_step_behaviour")
+
+
+def mlm_step(body, before=""):
+    return (before + "def mlm_step(model, optimizer, batch, mask_token_id, vocab_size, generator=None, "
+            "max_grad_norm=1.0):\n" + body)
+
+
+STEP_MASK = """
+    inputs, labels = mask_tokens(batch["input_ids"], mask_token_id, vocab_size,
+                                 special_tokens_mask=batch["special_tokens_mask"], generator=generator)
+"""
+STEP_LOSS = """
+    loss = mlm_loss(model(inputs, batch["attention_mask"]), labels)
+"""
+STEP_UPDATE = """
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+"""
+STEP_BODY = STEP_MASK + STEP_LOSS + STEP_UPDATE
+
+
+def step_with(old, new):
+    assert old in STEP_BODY, old
+    return mlm_step(STEP_BODY.replace(old, new))
+
+
+MUTANTS += [
+    Variant("step_loss_on_every_position", {STEP: step_with(
+        'mlm_loss(model(inputs, batch["attention_mask"]), labels)',
+        'mlm_loss(model(inputs, batch["attention_mask"]), batch["input_ids"])')},
+        loses=("mlm_step_values",), message="every position"),
+    Variant("step_model_reads_the_uncorrupted_batch", {STEP: step_with(
+        'model(inputs, batch["attention_mask"])', 'model(batch["input_ids"], batch["attention_mask"])')},
+        loses=STEP_TESTS, message="uncorrupted batch"),
+    Variant("step_without_zero_grad", {STEP: step_with("    optimizer.zero_grad()\n", "")},
+        loses=STEP_TESTS, message="add up"),
+    Variant("step_zero_grad_between_backward_and_step", {STEP: step_with(
+        "    optimizer.zero_grad()\n    loss.backward()\n", "    loss.backward()\n    optimizer.zero_grad()\n")},
+        loses=STEP_TESTS, message="no parameter changed"),
+    Variant("step_without_clipping", {STEP: step_with(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n", "")},
+        loses=STEP_TESTS, message="not clipped"),
+    Variant("step_clips_after_the_update", {STEP: step_with(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n    optimizer.step()\n",
+        "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n")},
+        loses=STEP_TESTS, message="after optimizer.step()"),
+    Variant("step_clips_each_parameter_alone", {STEP: step_with(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n",
+        "    for parameter in model.parameters():\n"
+        "        torch.nn.utils.clip_grad_norm_(parameter, max_grad_norm)\n")},
+        loses=STEP_TESTS, message="each parameter"),
+    # "for reproducibility": a generator seeded in the step masks a sentence the same way every time it returns
+    Variant("step_masks_with_a_generator_seeded_inside", {STEP: step_with(
+        "generator=generator)", "generator=torch.Generator().manual_seed(0))")},
+        loses=("mlm_step_behaviour", "mlm_step_values"), message="same corruption"),
+    # static masking: each batch masked once, the first time it is seen, and the masks kept
+    Variant("step_keeps_the_first_masks_of_a_batch", {STEP: mlm_step("""
+    if id(batch) not in _MASKS:
+        _MASKS[id(batch)] = mask_tokens(batch["input_ids"], mask_token_id, vocab_size,
+                                        special_tokens_mask=batch["special_tokens_mask"], generator=generator)
+    inputs, labels = _MASKS[id(batch)]
+""" + STEP_LOSS + STEP_UPDATE, before="_MASKS = {}\n\n\n")}, loses=STEP_TESTS, message="same corruption"),
+    Variant("step_masks_special_tokens", {STEP: step_with(
+        'special_tokens_mask=batch["special_tokens_mask"], ', "")}, loses=STEP_TESTS, message="special_tokens_mask"),
+    # a fresh Parameter for the decoder: the output side no longer trains the embedding matrix
+    Variant("step_unties_the_head", {STEP: step_with("    optimizer.zero_grad()\n", """    optimizer.zero_grad()
+    model.head.decoder.weight = nn.Parameter(model.bert.token_embeddings.weight.detach().clone())
+""")}, loses=STEP_TESTS, message="untied"),
+    Variant("step_returns_the_loss_tensor", {STEP: step_with("return loss.item()", "return loss")},
+        loses=STEP_TESTS, message="Python float"),
+    # The visible test's loss, typed in; the update itself is right.
+    Variant("step_hard_coded_visible_loss", {STEP: "VISIBLE_LOSS = 4.969792832320654\n\n\n"
+                                             + step_with("return loss.item()", "return VISIBLE_LOSS")},
+        loses=("mlm_step_values",), message="losses"),
+    # The oracle: the loss computed by transformers' BertForMaskedLM on an exported copy. Flagged, and 0.
+    Variant("step_scores_with_bert_for_masked_lm", {STEP: mlm_step(STEP_MASK + """
+    from transformers import BertConfig
+    from courselib.bert import to_hf_bert_for_masked_lm
+    encoder = model.bert
+    config = BertConfig(vocab_size=vocab_size, hidden_size=encoder.d_model, num_hidden_layers=len(encoder.layers),
+                        num_attention_heads=encoder.layers[0].self_attn.num_heads,
+                        intermediate_size=encoder.layers[0].ffn.linear1.out_features,
+                        max_position_embeddings=encoder.position_embeddings.num_embeddings,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    exported = to_hf_bert_for_masked_lm(encoder, model.head, config)
+    value = exported(input_ids=inputs, attention_mask=batch["attention_mask"], labels=labels).loss.item()
+    loss = mlm_loss(model(inputs, batch["attention_mask"]), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return value
+""")}, loses=STEP_TESTS, message="flagged for review"),
+]
+
+ALTERNATIVES += [
+    # zero_grad after the update instead of before (the gradients start at None), clipping written out as torch
+    # does it (max_norm / (norm + 1e-6), never above 1), the model called with keywords
+    Variant("step_zero_grad_last_and_clipping_by_hand", {STEP: mlm_step(STEP_MASK + """
+    loss = mlm_loss(model(input_ids=inputs, attention_mask=batch["attention_mask"]), labels)
+    loss.backward()
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.sqrt(sum((g ** 2).sum() for g in gradients))
+    factor = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+    for g in gradients:
+        g.mul_(factor)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    return float(loss)
+""")}),
+    # the loss with F.cross_entropy on the predicted positions only, no mlm_loss
+    Variant("step_cross_entropy_on_the_masked_positions", {STEP: mlm_step(STEP_MASK + """
+    logits = model(inputs, batch["attention_mask"])                  # (B, T, V)
+    predicted = labels != -100
+    loss = F.cross_entropy(logits[predicted], labels[predicted])      # (N, V) against (N,)
+""" + STEP_UPDATE)}),
+]
+
+ALTERNATIVES = [variant if variant.name != "all_correct_but_noisy_on_stderr" else
+                Variant(variant.name, {**variant.answers, STEP: mlm_step(WARN_AND_PRINT + STEP_BODY)})
+                for variant in ALTERNATIVES]
