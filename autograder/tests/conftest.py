@@ -28,3 +28,26 @@ def scores_by_test(report):
 @pytest.fixture
 def grade_in_tmp(tmp_path):
     return lambda nb, assignment_id, name=None: grade(nb, assignment_id, tmp_path, name)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The tests that read the graded demo class run on one pytest-xdist worker, so that the other
+    worker never waits on the lock while the class is graded (test_classroom.graded_demo)."""
+    for item in items:
+        if "graded_demo" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("demo-class"))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has written the groups into the node ids
+def pytest_collection_finish(session):
+    """`--dist loadgroup` sends each xdist_group to one worker by the `@group` suffix pytest-xdist adds
+    to node ids. Were that lost (a pytest that ignores it), every worker would replay every notebook:
+    stop the run rather than let it silently take twice as long."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
+        return
+    lost = [item.nodeid for item in session.items
+            if any(True for _ in item.iter_markers("xdist_group")) and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist's groups are not in the node ids (e.g. {lost[0]}): this pytest "
+                                "and pytest-xdist do not work together; see environment.yml's pins")

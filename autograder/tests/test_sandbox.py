@@ -32,6 +32,9 @@ from autograder.judging import RUN_KEY_ENV
 from autograder.kernel_manager import SandboxedKernelManager, private_socket_folder
 from autograder.submissions import solution_path, student_notebook
 
+# One worker runs the whole module: its module-scoped fixtures are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_sandbox")
+
 A04 = "04_self_attention"
 FULL_MARKS = 14.0
 SOLUTION = SOLUTIONS_DIR / A04 / f"{A04}.ipynb"

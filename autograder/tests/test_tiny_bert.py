@@ -8,6 +8,9 @@ import torch
 
 from courselib import tiny_bert
 
+# One worker runs the whole module: its module-scoped fixtures are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_tiny_bert")
+
 SEATS = set(tiny_bert.SEATS)
 
 

@@ -9,6 +9,9 @@ import torch
 
 from courselib import gpt
 
+# One worker runs the whole module: its module-scoped fixtures are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_tiny_gpt")
+
 LOG = json.loads((gpt.MODEL_DIR / "training_log.json").read_text())
 
 
