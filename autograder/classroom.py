@@ -586,6 +586,7 @@ def write_outputs(root, students, assignments):
     config = class_config(root)
     api = nbgrader_api(config)
     root = pathlib.Path(root)
+    (root / "logs").mkdir(parents=True, exist_ok=True)  # no result wrote a log when every notebook failed
     with contextlib.redirect_stdout(None), grading.kernel_stderr_to(root / "logs" / "outputs.log"):
         for assignment in assignments:
             for student in students:

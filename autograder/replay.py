@@ -21,7 +21,9 @@ running only the cells the variant reaches:
    test cells the variant does not reach keep the reference run's verdicts;
 5. before the next variant, the reference sources of the cells the last one left changed, and that the
    next one does not run itself, run again: the kernel is as the reference left it wherever the next
-   variant reads it (mutants of one answer follow each other, so most need nothing put back).
+   variant reads it (mutants of one answer follow each other, so most need nothing put back), and a
+   name a variant bound that its reference cell does not (a class of its own beside the answer) gets
+   its value from before the variant back;
 A variant that makes the guard report anything (tampering leaves the kernel changed) or kills the
 kernel ends the replay: the remaining variants get a fresh kernel and a fresh reference run.
 
@@ -46,6 +48,7 @@ from autograder.execute import GuardedExecute, guard_cell
 from autograder.source import cell_names
 
 RNG_STORE = "__autograder_replay_random_states__"  # in the kernel's namespace: the reference run's states
+SHADOW_STORE = "__autograder_replay_shadowed__"   # the values of the names a variant is about to rebind
 
 
 @dataclasses.dataclass
@@ -90,6 +93,15 @@ def plan(sources, armed, replaced):
     read_somewhere = set().union(*(c.reads for c in cells.values()))
     restore = [i for i in run if i not in armed or "*" in read_somewhere or reached.get(i, set()) & read_somewhere]
     return Plan(run, restore)
+
+
+def shadowed_names(sources, replaced):
+    """The names the variant's cells bind and the reference's cells in their place do not: a later put-back
+    of those cells would leave them bound to the variant's objects."""
+    names = set()
+    for index, source in replaced.items():
+        names |= cell_names(source).binds - cell_names(sources[index]).binds
+    return sorted(names)
 
 
 @dataclasses.dataclass
@@ -149,10 +161,16 @@ class ReplayExecute(GuardedExecute):
                 # a cell the next variant runs anyway needs no putting back: mutants of one answer follow
                 # each other, and each runs the cells the last one left
                 self._put_back([index for index in dirty if index not in steps.run], resources)
+                shadowed = shadowed_names(sources, replaced)
+                self._silent(f"{SHADOW_STORE} = {{n: v for n, v in globals().items() if n in {shadowed!r}}}")
                 try:
                     ReplayExecute.results[name] = self._grade_one(name, replaced, steps, judged, resources)
                     ReplayExecute.pending.pop(0)
                     dirty = steps.restore
+                    # what the variant bound that its cell's reference does not (e.g. an RMSNorm of its own
+                    # beside its Llama) gets its old value back, or goes if the name was not bound before
+                    self._silent(f"[globals().pop(n, None) for n in {shadowed!r}]; "
+                                 f"globals().update({SHADOW_STORE}); del {SHADOW_STORE}")
                 except Restart as error:
                     ReplayExecute.pending.pop(0)
                     if error.args and isinstance(error.args[0], Outcome):

@@ -182,6 +182,15 @@ def test_tampering_scores_zero_and_is_flagged_for_review(grade_in_tmp):
     report = grade_in_tmp(nb, EXEMPLAR)
     assert report.score == 0, f"tampering earned {report.score} points"
     assert any("answer cell 'softmax_answer' reaches the grader" in f for f in report.flags), report.flags
+    assert any("expect_close was replaced or deleted" in f for f in report.flags), report.flags
+
+
+def test_monkeypatching_a_library_scores_zero_and_is_flagged(grade_in_tmp):
+    nb = student_notebook(EXEMPLAR, {"softmax_answer": (
+        "import torch\ntorch.allclose = lambda *args, **kwargs: True\n"
+        "def softmax(x, dim=-1):\n    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))\n")})
+    report = grade_in_tmp(nb, EXEMPLAR)
+    assert report.score == 0, f"monkeypatching earned {report.score} points"
     assert any("monkeypatching): `torch.allclose = " in f for f in report.flags), report.flags
 
 
