@@ -7,6 +7,7 @@
     diagrams.encoder_decoder_stack()  # 10: the memory read by every decoder layer's cross-attention
     diagrams.post_ln_vs_pre_ln()      # 07: the two places a LayerNorm can sit
     diagrams.decoder_only_block()     # 09: GPT's pre-LN causal block and the residual stream
+    diagrams.kv_cache()               # 09: one generation step with a KV cache: its mask rows, keys and values
 
 Every picture is made of `Box`es and arrows on one matplotlib axis (`draw`), so a new diagram is a
 list of boxes and a list of arrows. Each function returns the axis it drew on.
@@ -248,4 +249,52 @@ def decoder_only_block(ax=None):
     ax = draw(boxes, arrows, "A decoder-only (GPT) block", ax=ax, size=(6.5, 8.5), limits=((0, 100), (-4, 106)),
               notes=notes)
     ax.plot([22, 22], [10, 80], color="#999999", linewidth=1)  # the bracket of one block
+    return ax
+
+
+def kv_cache(past=5, new=2, ax=None):
+    """09: one step with a KV cache. Left: the causal mask over all past + new positions, of which the step uses
+    the last `new` rows. Right: the cached keys and values (B, h, T_past, d_head) and the new tokens' own, appended
+    along the positions (dim=2); only the new tokens go through the model."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 4.4))
+    total, cell = past + new, 6.0
+    top, left = 80.0, 6.0
+    for row in range(total):                       # the full causal mask, query rows against key columns
+        for col in range(total):
+            visible, used = col <= row, row >= past
+            face = ("#f9dcc4" if used else "#e8eef7") if visible else "#ffffff"
+            ax.add_patch(Rectangle((left + col * cell, top - (row + 1) * cell), cell, cell, linewidth=0.6,
+                                   edgecolor="#888888", facecolor=face))
+    ax.add_patch(Rectangle((left, top - total * cell), total * cell, new * cell, linewidth=2.2, edgecolor="#c0392b",
+                           facecolor="none"))
+    ax.text(left + total * cell / 2, top + 4, f"causal mask over T_past + T_new = {total} positions",
+            ha="center", fontsize=9)
+    ax.text(left - 1, top - (past + new / 2) * cell, "new\nqueries", ha="right", va="center", fontsize=8,
+            color="#c0392b")
+    ax.text(left + total * cell / 2, top - total * cell - 4,
+            f"this step uses rows {past}..{total - 1}: mask[T_past:], shape (T_new, T_past + T_new)",
+            ha="center", va="top", fontsize=8, color="#c0392b")
+
+    right = left + total * cell + 22
+    for i, (name, y) in enumerate((("keys", top - 12), ("values", top - 34))):
+        for col in range(total):
+            cached = col < past
+            ax.add_patch(Rectangle((right + col * cell, y - cell), cell, cell * 1.4, linewidth=0.8, edgecolor="#444444",
+                                   facecolor="#dbe9d5" if cached else "#f9dcc4"))
+        ax.text(right - 1, y - cell / 2 + 1, name, ha="right", va="center", fontsize=9)
+        ax.text(right + past * cell / 2, y + cell * 0.4 + 2.5, "cached (B, h, T_past, d_head)" if i == 0 else "cached",
+                ha="center", fontsize=8, color="#27ae60")
+        ax.text(right + (past + new / 2) * cell, y + cell * 0.4 + 2.5, "new", ha="center", fontsize=8,
+                color="#c0392b")
+    ax.text(right + total * cell / 2, top - 52,
+            "torch.cat([cached, new], dim=2): the cache grows by T_new positions per step.\n"
+            "Only the new tokens pass through c_attn, the feed-forward network and the head;\n"
+            "their queries attend to every key, cached or new, allowed by the mask rows.",
+            ha="center", va="top", fontsize=8)
+    ax.set_xlim(0, right + total * cell + 8)
+    ax.set_ylim(top - total * cell - 14, top + 10)
+    ax.set_aspect("auto")
+    ax.axis("off")
+    ax.set_title("A generation step with a KV cache")
     return ax

@@ -97,3 +97,50 @@ def checkpoint_cli(argv, *, prog, description, model_dir, steps, sample, rebuild
     else:
         parser.print_help()
     return 0
+
+
+class TrainingMonitor(LiveLossPlot):
+    """A progress bar (loss, tokens/s, time left) and a live plot of the training loss with the held-out loss on
+    it, for a training loop to report to:
+
+        monitor = TrainingMonitor(steps, tokens_per_step=B * T, title="my GPT")
+        ... monitor.update(step, loss) after each step, monitor.held_out(step, loss) after each measurement ...
+        monitor.close()
+
+    Under grading the bar is silent and the plot is drawn once at close(), like LiveLossPlot's.
+    """
+
+    def __init__(self, total_steps, tokens_per_step, title="Training", ylabel="next-token loss", redraw_every=10,
+                 initial_step=0):
+        super().__init__(title, ylabel=ylabel, redraw_every=redraw_every)
+        self.line.set_label("training loss")
+        (self.held_out_line,) = self.ax.plot([], [], marker="o", label="held-out loss")
+        self.held_out_steps, self.held_out_losses = [], []
+        self.ax.legend()
+        self.tokens_per_step = tokens_per_step
+        self.bar = progress(None, total=total_steps, initial=initial_step, desc=title, unit="step")
+        self.started = None
+
+    def update(self, step, loss):
+        import time
+        now = time.perf_counter()
+        if self.started is None:
+            self.started, self.first_step = now, step - 1
+        elapsed = max(now - self.started, 1e-9)
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(loss=f"{float(loss):.3f}",
+                             tokens_per_s=f"{(step - self.first_step) * self.tokens_per_step / elapsed:,.0f}",
+                             refresh=False)
+        super().update(step, loss)
+
+    def held_out(self, step, loss):
+        self.held_out_steps.append(step)
+        self.held_out_losses.append(float(loss))
+
+    def _redraw(self):
+        self.held_out_line.set_data(self.held_out_steps, self.held_out_losses)
+        super()._redraw()
+
+    def close(self):
+        self.bar.close()
+        return super().close()

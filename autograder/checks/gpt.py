@@ -2,18 +2,18 @@
 
 The probe runs in the student's kernel: it builds the hidden inputs and weights from `seeds`, calls
 the student's code through `call` and returns plain data (outputs, state_dict tensors, recorded
-modes, sampled ids). The judge runs in the grader: it rebuilds the same inputs and weights from the
-same seeds and compares with independent oracles:
-- transformers' `GPT2Block`, `GPT2LMHeadModel` (logits, `generate`) and its causal-LM loss,
-  holding the check's weights in GPT-2's own layout (`hf_state` transposes into Conv1D's (in, out));
+modes, sampled ids). The judge (autograder/judges/gpt.py) runs in the grader: it rebuilds the same
+inputs and weights from the same seeds and compares with independent oracles:
+- transformers' `GPT2Attention`, `GPT2Block`, `GPT2LMHeadModel` (logits, `generate`) and its causal-LM
+  loss, holding the check's weights in GPT-2's own layout (`hf_state` transposes into Conv1D's (in, out));
 - transformers' logits warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `TemperatureLogitsWarper`)
   and exact binomial tail bounds for sampling;
 - hand-written SGD steps and torch's meta tensors for the training loop and the cache's size.
 
-Every exercise is graded on its own: the GPT class is built with a reference `DecoderBlock` swapped
-in; the loader, the loss, the training loop, `generate` and the KV cache run on the course's
-reference `courselib.gpt.GPT` (same submodule names as the notebook's); `sample_next` gets
-reference filters, `generate` a reference `sample_next`.
+Every exercise is graded on its own: the block is built with a reference `CausalSelfAttention`
+swapped in, the GPT class with a reference `DecoderBlock`; the loader, the loss, the training loop,
+`generate` and the KV cache run on the course's reference `courselib.fused_gpt.GPT` (the notebook's
+layout and names); `sample_next` gets reference filters, `generate` a reference `sample_next`.
 
 Statistical tests (sample_next_distribution) compare counts with exact binomial quantiles at a
 false-failure rate of at most 1e-9 per tail, union-bounded over every category of every case: under
@@ -21,20 +21,33 @@ false-failure rate of at most 1e-9 per tail, union-bounded over every category o
 """
 import inspect
 import math
+
 import torch
 from torch import nn
+
 from autograder.checks.common import call, probe, reference_globals
+from courselib import fused_gpt
+from courselib import llama as llama_reference
 from courselib import gpt as reference
-from courselib.attention import MultiHeadAttention, causal_mask
-from courselib.blocks import FeedForward, LayerNorm
 
 
-BLOCK_SHORTCUTS = ["courselib.gpt.Block", "courselib.gpt.causal_attention", "courselib.blocks.EncoderLayer",
-                   "torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer",
-                   "transformers.models.gpt2.modeling_gpt2.GPT2Block"]
+ATTENTION_SHORTCUTS = ["torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
+                       "courselib.attention.MultiHeadAttention", "courselib.attention.scaled_dot_product_attention",
+                       "courselib.attention.split_heads", "courselib.attention.merge_heads",
+                       "courselib.attention.causal_mask", "courselib.attention.masked_softmax",
+                       "courselib.gpt.causal_attention", "courselib.gpt.Block",
+                       "courselib.fused_gpt.CausalSelfAttention", "courselib.fused_gpt.attend",
+                       "courselib.fused_gpt.Block",
+                       "transformers.models.gpt2.modeling_gpt2.GPT2Attention",
+                       "transformers.models.gpt2.modeling_gpt2.eager_attention_forward"]
 
 
-GPT_SHORTCUTS = ["courselib.gpt.GPT", "courselib.gpt.Block", "courselib.gpt.causal_attention",
+BLOCK_SHORTCUTS = ["courselib.fused_gpt.Block", "courselib.gpt.Block", "courselib.gpt.causal_attention",
+                   "courselib.blocks.EncoderLayer", "torch.nn.TransformerEncoderLayer",
+                   "torch.nn.TransformerDecoderLayer", "transformers.models.gpt2.modeling_gpt2.GPT2Block"]
+
+
+GPT_SHORTCUTS = ["courselib.fused_gpt.GPT", "courselib.gpt.GPT", "courselib.gpt.Block", "courselib.gpt.causal_attention",
                  "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel",
                  "transformers.models.gpt2.modeling_gpt2.GPT2Model"]
 
@@ -45,7 +58,8 @@ LOSS_SHORTCUTS = ["courselib.gpt.lm_loss", "transformers.loss.loss_utils.ForCaus
 PERPLEXITY_SHORTCUTS = ["courselib.gpt.perplexity"]
 
 
-LOADER_SHORTCUTS = ["courselib.gpt.load_gpt2_weights", "courselib.gpt._gpt2_pairs", "courselib.gpt.to_gpt2"]
+LOADER_SHORTCUTS = ["courselib.fused_gpt.load_gpt2_weights", "courselib.gpt.load_gpt2_weights",
+                    "courselib.gpt._gpt2_pairs", "courselib.gpt.to_gpt2"]
 
 
 TRAIN_SHORTCUTS = ["courselib.gpt.pretrain"]
@@ -67,7 +81,9 @@ HF_GENERATE = "transformers.generation.utils.GenerationMixin.generate.__wrapped_
 GENERATE_SHORTCUTS = ["courselib.gpt.generate", HF_GENERATE]
 
 
-CACHE_SHORTCUTS = ["courselib.gpt.GPT", "courselib.gpt.Block", "courselib.gpt.causal_attention"]
+CACHE_SHORTCUTS = ["courselib.fused_gpt.GPT", "courselib.fused_gpt.Block", "courselib.fused_gpt.CausalSelfAttention",
+                   "courselib.fused_gpt.attend", "courselib.fused_gpt.forward_with_cache", "courselib.gpt.GPT",
+                   "courselib.gpt.Block", "courselib.gpt.causal_attention"]
 
 
 BYTES_SHORTCUTS = ["courselib.gpt.kv_cache_bytes"]
@@ -80,6 +96,17 @@ ADVICE = "the exercise asks you to write this yourself"
 
 
 # ---------------------------------------------------------------- weights the checks choose
+def attention_state(g, d_model, prefix=""):
+    """Random weights for one CausalSelfAttention, in the notebook's names (float64): c_attn is [W_Q; W_K; W_V]."""
+    def mat(*shape, scale):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    return {f"{prefix}c_attn.weight": mat(3 * d_model, d_model, scale=1 / math.sqrt(d_model)),
+            f"{prefix}c_attn.bias": mat(3 * d_model, scale=0.2),
+            f"{prefix}c_proj.weight": mat(d_model, d_model, scale=1 / math.sqrt(d_model)),
+            f"{prefix}c_proj.bias": mat(d_model, scale=0.2)}
+
+
 def block_state(g, d_model, d_ff, prefix=""):
     """Random weights for one block, in the notebook's names (float64). LayerNorm gains away from 1."""
     def mat(*shape, scale):
@@ -89,9 +116,7 @@ def block_state(g, d_model, d_ff, prefix=""):
     for norm in ("norm1", "norm2"):
         state[f"{prefix}{norm}.weight"] = 1.0 + mat(d_model, scale=0.3)
         state[f"{prefix}{norm}.bias"] = mat(d_model, scale=0.2)
-    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        state[f"{prefix}self_attn.{proj}.weight"] = mat(d_model, d_model, scale=1 / math.sqrt(d_model))
-        state[f"{prefix}self_attn.{proj}.bias"] = mat(d_model, scale=0.2)
+    state.update(attention_state(g, d_model, prefix=f"{prefix}self_attn."))
     state[f"{prefix}ffn.linear1.weight"] = mat(d_ff, d_model, scale=1 / math.sqrt(d_model))
     state[f"{prefix}ffn.linear1.bias"] = mat(d_ff, scale=0.2)
     state[f"{prefix}ffn.linear2.weight"] = mat(d_model, d_ff, scale=1 / math.sqrt(d_ff))
@@ -115,19 +140,25 @@ def gpt_state(g, vocab_size, d_model, num_layers, num_heads, max_positions, d_ff
     return state
 
 
+def hf_attention_state(state, prefix=""):
+    """One attention's weights in GPT-2's layout: Conv1D weights are (in, out), c_attn one (d, 3d) matrix."""
+    return {"c_attn.weight": state[f"{prefix}c_attn.weight"].T.contiguous(),
+            "c_attn.bias": state[f"{prefix}c_attn.bias"],
+            "c_proj.weight": state[f"{prefix}c_proj.weight"].T.contiguous(),
+            "c_proj.bias": state[f"{prefix}c_proj.bias"]}
+
+
 def hf_block_state(state, prefix=""):
-    """One block's weights in GPT-2's layout: Conv1D weights are (in, out), c_attn is [W_Q W_K W_V]."""
+    """One block's weights in GPT-2's layout."""
     def get(name):
         return state[prefix + name]
 
-    return {"ln_1.weight": get("norm1.weight"), "ln_1.bias": get("norm1.bias"),
-            "attn.c_attn.weight": torch.cat([get(f"self_attn.{p}_proj.weight") for p in "qkv"]).T.contiguous(),
-            "attn.c_attn.bias": torch.cat([get(f"self_attn.{p}_proj.bias") for p in "qkv"]),
-            "attn.c_proj.weight": get("self_attn.out_proj.weight").T.contiguous(),
-            "attn.c_proj.bias": get("self_attn.out_proj.bias"),
-            "ln_2.weight": get("norm2.weight"), "ln_2.bias": get("norm2.bias"),
-            "mlp.c_fc.weight": get("ffn.linear1.weight").T.contiguous(), "mlp.c_fc.bias": get("ffn.linear1.bias"),
-            "mlp.c_proj.weight": get("ffn.linear2.weight").T.contiguous(), "mlp.c_proj.bias": get("ffn.linear2.bias")}
+    out = {"ln_1.weight": get("norm1.weight"), "ln_1.bias": get("norm1.bias"),
+           "ln_2.weight": get("norm2.weight"), "ln_2.bias": get("norm2.bias"),
+           "mlp.c_fc.weight": get("ffn.linear1.weight").T.contiguous(), "mlp.c_fc.bias": get("ffn.linear1.bias"),
+           "mlp.c_proj.weight": get("ffn.linear2.weight").T.contiguous(), "mlp.c_proj.bias": get("ffn.linear2.bias")}
+    out.update({f"attn.{k}": v for k, v in hf_attention_state(state, f"{prefix}self_attn.").items()})
+    return out
 
 
 def hf_state(state, num_layers):
@@ -159,9 +190,10 @@ def hf_model(state, dims):
 
 
 def reference_gpt(state, dims, dropout=0.0):
-    """The course's reference GPT (float64, eval) holding the check's weights: what graded functions run on."""
+    """The course's reference GPT in the notebook's layout (float64, eval) holding the check's weights: what the
+    graded functions run on."""
     with torch.random.fork_rng():
-        model = reference.GPT(**dims, dropout=dropout).double()
+        model = fused_gpt.GPT(**dims, dropout=dropout).double()
     model.load_state_dict(state, strict=True)
     return model.eval()
 
@@ -185,10 +217,10 @@ def build(cls, *args, name, helpers=None, forbidden=(), **kwargs):
         return student_call(cls, *args, name=name, helpers=helpers, forbidden=forbidden, **kwargs)
 
 
-def run(module, *args, name, forbidden=(), **kwargs):
+def run(module, *args, name, forbidden=(), helpers=None, **kwargs):
     """module(*args) quietly and without gradients; the result must be a plain tensor."""
     with torch.no_grad():
-        result = student_call(module, *args, name=name, forbidden=forbidden, **kwargs)
+        result = student_call(module, *args, name=name, forbidden=forbidden, helpers=helpers, **kwargs)
     if type(result) is not torch.Tensor:
         raise AssertionError(f"{name} should return a tensor, but it returned {type(result).__name__}.")
     return result
@@ -196,7 +228,7 @@ def run(module, *args, name, forbidden=(), **kwargs):
 
 def raised(fn, *args, name, forbidden=(), helpers=None, **kwargs):
     """The name of the exception the student's code raises for these arguments, or None."""
-    def attempt():
+    def attempt_it():
         try:
             fn(*args, **kwargs)
         except NotImplementedError:
@@ -205,8 +237,10 @@ def raised(fn, *args, name, forbidden=(), helpers=None, **kwargs):
             return type(error).__name__
         return None
     own = inspect.unwrap(fn)
+    if isinstance(own, type):
+        own = next((f for f in vars(own).values() if inspect.isfunction(f)), None)
     with reference_globals(own, **(helpers or {})):
-        return call(attempt, name=name, forbidden=forbidden, forbidden_advice=ADVICE)
+        return call(attempt_it, name=name, forbidden=forbidden, forbidden_advice=ADVICE)
 
 
 def load_into(model, state, owner, aliases=None):
@@ -231,21 +265,83 @@ def load_into(model, state, owner, aliases=None):
     return model.eval()
 
 
-# ---------------------------------------------------------------- reference pieces swapped in
-class ReferenceDecoderBlock(nn.Module):
-    """The notebook's DecoderBlock (same names, same API), for grading the GPT class on its own."""
+# ---------------------------------------------------------------- exercise 1: CausalSelfAttention
+ATTENTION_STRUCTURE_CASE = (12, 3)
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, eps=1e-5):
-        super().__init__()
-        self.norm1 = LayerNorm(d_model, eps)
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.norm2 = LayerNorm(d_model, eps)
-        self.ffn = FeedForward(d_model, d_ff, approximate="tanh")
-        self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x):
-        x = x + self.dropout(self.self_attn(self.norm1(x), mask=causal_mask(x.shape[1], x.device))[0])
-        return x + self.dropout(self.ffn(self.norm2(x)))
+def _attention(CausalSelfAttention, d_model, num_heads):
+    return build(CausalSelfAttention, d_model, num_heads, forbidden=ATTENTION_SHORTCUTS,
+                 name=f"CausalSelfAttention({d_model}, {num_heads})")
+
+
+def _attend(module, x):
+    return run(module, x, name="CausalSelfAttention.forward", forbidden=ATTENTION_SHORTCUTS)
+
+
+@probe
+def causal_self_attention_structure(seeds, CausalSelfAttention):
+    d_model, num_heads = ATTENTION_STRUCTURE_CASE
+    attn = _attention(CausalSelfAttention, d_model, num_heads).eval()
+    g = seeds.generator(895)
+    shapes = [tuple(_attend(attn, torch.randn(*shape, generator=g)).shape)
+              for shape in [(2, 5, d_model), (1, 1, d_model), (3, 8, d_model)]]
+    refusal = raised(CausalSelfAttention, 10, 3, name="CausalSelfAttention(10, 3)", forbidden=ATTENTION_SHORTCUTS)
+    return {"num_heads": getattr(attn, "num_heads", None),
+            "layers": {name: (None if not isinstance(getattr(attn, name, None), nn.Linear) else
+                              [getattr(attn, name).in_features, getattr(attn, name).out_features,
+                               getattr(attn, name).bias is not None]) for name in ("c_attn", "c_proj")},
+            "parameters": {name: tuple(p.shape) for name, p in attn.named_parameters()},
+            "shapes": shapes, "refusal": refusal}
+
+
+ATTENTION_VALUE_CASES = [dict(d_model=12, num_heads=3, B=2, T=7), dict(d_model=8, num_heads=2, B=1, T=6),
+                         dict(d_model=16, num_heads=4, B=2, T=5)]
+
+
+def attention_value_problem(seeds, i, case):
+    g = seeds.generator(900 + i)
+    state = attention_state(g, case["d_model"])
+    x = torch.randn(case["B"], case["T"], case["d_model"], generator=g, dtype=torch.float64)
+    return state, x
+
+
+@probe
+def causal_self_attention_matches_gpt2(seeds, CausalSelfAttention):
+    outputs = []
+    for i, case in enumerate(ATTENTION_VALUE_CASES):
+        state, x = attention_value_problem(seeds, i, case)
+        attn = load_into(_attention(CausalSelfAttention, case["d_model"], case["num_heads"]), state,
+                         "CausalSelfAttention")
+        outputs.append(_attend(attn, x))
+    return outputs
+
+
+CAUSAL_CUTS = (8, 5, 2)
+
+
+def causal_problem(seeds):
+    g = seeds.generator(920)
+    state = attention_state(g, 8)
+    x = torch.randn(2, 9, 8, generator=g, dtype=torch.float64)
+    changes = [torch.randn(2, 9 - t, 8, generator=g, dtype=torch.float64) for t in CAUSAL_CUTS]
+    return state, x, changes
+
+
+@probe
+def causal_self_attention_is_causal(seeds, CausalSelfAttention):
+    state, x, changes = causal_problem(seeds)
+    attn = load_into(_attention(CausalSelfAttention, 8, 2), state, "CausalSelfAttention")
+    base = _attend(attn, x)
+    changed = []
+    for t, new in zip(CAUSAL_CUTS, changes):
+        edited = x.clone()
+        edited[:, t:] = new
+        changed.append(_attend(attn, edited))
+    return base, changed
+
+
+# ---------------------------------------------------------------- exercise 2: DecoderBlock
+BLOCK_HELPERS = {"CausalSelfAttention": fused_gpt.CausalSelfAttention}
 
 
 BLOCK_STRUCTURE_CASE = (12, 3, 20)
@@ -253,7 +349,12 @@ BLOCK_STRUCTURE_CASE = (12, 3, 20)
 
 def _block(DecoderBlock, d_model, num_heads, d_ff, eps=1e-5, dropout=0.0):
     return build(DecoderBlock, d_model, num_heads, d_ff, dropout=dropout, eps=eps, forbidden=BLOCK_SHORTCUTS,
-                 name=f"DecoderBlock({d_model}, {num_heads}, {d_ff}, dropout={dropout}, eps={eps:g})")
+                 helpers=BLOCK_HELPERS, name=f"DecoderBlock({d_model}, {num_heads}, {d_ff}, dropout={dropout}, "
+                                             f"eps={eps:g})")
+
+
+def _run_block(block, x):
+    return run(block, x, name="DecoderBlock.forward", forbidden=BLOCK_SHORTCUTS, helpers=BLOCK_HELPERS)
 
 
 @probe
@@ -261,8 +362,7 @@ def decoder_block_structure(seeds, DecoderBlock):
     d_model, num_heads, d_ff = BLOCK_STRUCTURE_CASE
     block = _block(DecoderBlock, d_model, num_heads, d_ff, dropout=0.25)
     g = seeds.generator(901)
-    shapes = [tuple(run(block.eval(), torch.randn(*shape, generator=g), name="DecoderBlock.forward",
-                        forbidden=BLOCK_SHORTCUTS).shape)
+    shapes = [tuple(_run_block(block.eval(), torch.randn(*shape, generator=g)).shape)
               for shape in [(2, 5, d_model), (1, 1, d_model), (3, 7, d_model)]]
     return {"attributes": {name: hasattr(block, name) for name in ("norm1", "self_attn", "norm2", "ffn", "dropout")},
             "parameters": {name: tuple(p.shape) for name, p in block.named_parameters()},
@@ -289,35 +389,11 @@ def decoder_block_matches_gpt2(seeds, DecoderBlock):
         state, x = block_value_problem(seeds, i, case)
         block = _block(DecoderBlock, case["d_model"], case["num_heads"], case["d_ff"], eps=case["eps"])
         load_into(block, state, "DecoderBlock")
-        outputs.append(run(block, x, name="DecoderBlock.forward", forbidden=BLOCK_SHORTCUTS))
+        outputs.append(_run_block(block, x))
     return outputs
 
 
-CAUSAL_CUTS = (8, 5, 2)
-
-
-def causal_problem(seeds):
-    g = seeds.generator(920)
-    state = block_state(g, 8, 24)
-    x = torch.randn(2, 9, 8, generator=g, dtype=torch.float64)
-    changes = [torch.randn(2, 9 - t, 8, generator=g, dtype=torch.float64) for t in CAUSAL_CUTS]
-    return state, x, changes
-
-
-@probe
-def decoder_block_is_causal(seeds, DecoderBlock):
-    state, x, changes = causal_problem(seeds)
-    block = load_into(_block(DecoderBlock, 8, 2, 24), state, "DecoderBlock")
-    base = run(block, x, name="DecoderBlock.forward", forbidden=BLOCK_SHORTCUTS)
-    changed = []
-    for t, new in zip(CAUSAL_CUTS, changes):
-        edited = x.clone()
-        edited[:, t:] = new
-        changed.append(run(block, edited, name="DecoderBlock.forward", forbidden=BLOCK_SHORTCUTS))
-    return base, changed
-
-
-# ---------------------------------------------------------------- exercise 2: GPT
+# ---------------------------------------------------------------- exercise 3: GPT
 GPT_NAMES = ("token_embeddings, position_embeddings, dropout, blocks (nn.ModuleList of DecoderBlock), final_norm, "
              "lm_head (nn.Linear(d_model, vocab_size, bias=False), tied)")
 
@@ -329,11 +405,17 @@ GPT_ALIASES = {"token_embeddings.embedding.weight": "token_embeddings.weight",
 GPT_STRUCTURE_DIMS = dict(vocab_size=29, d_model=12, num_layers=2, num_heads=3, max_positions=16)
 
 
+GPT_HELPERS = {"DecoderBlock": fused_gpt.Block}
+
+
 def _gpt(GPT, dims, dropout=0.0):
     return build(GPT, dims["vocab_size"], dims["d_model"], dims["num_layers"], dims["num_heads"],
                  dims["max_positions"], dropout=dropout, name="GPT({vocab_size}, {d_model}, {num_layers}, "
-                 "{num_heads}, {max_positions})".format(**dims), helpers={"DecoderBlock": ReferenceDecoderBlock},
-                 forbidden=GPT_SHORTCUTS)
+                 "{num_heads}, {max_positions})".format(**dims), helpers=GPT_HELPERS, forbidden=GPT_SHORTCUTS)
+
+
+def _run_gpt(model, ids):
+    return run(model, ids, name="GPT.forward", forbidden=GPT_SHORTCUTS, helpers=GPT_HELPERS)
 
 
 def token_table(model):
@@ -347,8 +429,8 @@ def gpt_structure(seeds, GPT):
     dims = GPT_STRUCTURE_DIMS
     model = _gpt(GPT, dims, dropout=0.2).eval()
     g = seeds.generator(930)
-    shapes = [tuple(run(model, torch.randint(0, dims["vocab_size"], (B, T), generator=g), name="GPT.forward",
-                        forbidden=GPT_SHORTCUTS).shape) for B, T in [(2, 7), (1, 16), (3, 1)]]
+    shapes = [tuple(_run_gpt(model, torch.randint(0, dims["vocab_size"], (B, T), generator=g)).shape)
+              for B, T in [(2, 7), (1, 16), (3, 1)]]
     head = getattr(model, "lm_head", None)
     blocks = getattr(model, "blocks", None)
     return {"attributes": {name: hasattr(model, name) for name in
@@ -373,7 +455,7 @@ def gpt_head_is_tied(seeds, GPT):
     g = seeds.generator(931)
     ids = torch.randint(0, dims["vocab_size"], (2, 9), generator=g)
     with torch.random.fork_rng():
-        logits = call(model.train(), ids, name="GPT.forward", forbidden=GPT_SHORTCUTS, forbidden_advice=ADVICE)
+        logits = student_call(model.train(), ids, name="GPT.forward", forbidden=GPT_SHORTCUTS, helpers=GPT_HELPERS)
         reference.lm_loss(logits, ids).backward()
         with torch.no_grad():
             for p in model.parameters():
@@ -402,11 +484,11 @@ def gpt_matches_gpt2(seeds, GPT):
     for i in range(len(GPT_VALUE_CASES)):
         dims, state, ids = gpt_value_problem(seeds, i)
         model = load_into(_gpt(GPT, dims), state, "GPT", aliases=GPT_ALIASES)
-        outputs.append(run(model, ids, name="GPT.forward", forbidden=GPT_SHORTCUTS))
+        outputs.append(_run_gpt(model, ids))
     return outputs
 
 
-# ---------------------------------------------------------------- exercise 3: lm_loss
+# ---------------------------------------------------------------- exercise 4: lm_loss
 LOSS_SHAPES = [(2, 7, 11), (3, 4, 5), (1, 2, 9)]
 
 
@@ -429,7 +511,7 @@ def lm_loss_values(seeds, lm_loss):
     return results
 
 
-# ---------------------------------------------------------------- exercise 4: perplexity
+# ---------------------------------------------------------------- exercise 5: perplexity
 PPL_DIMS = dict(vocab_size=27, d_model=8, num_layers=2, num_heads=2, max_positions=12)
 
 
@@ -465,7 +547,7 @@ def perplexity_values(seeds, perplexity):
     return float(value), seen
 
 
-# ---------------------------------------------------------------- exercise 5: load_gpt2_weights
+# ---------------------------------------------------------------- exercise 6: load_gpt2_weights
 LOAD_DIMS = dict(vocab_size=31, d_model=12, num_layers=2, num_heads=3, max_positions=14)
 
 
@@ -491,7 +573,7 @@ def _load(load_gpt2_weights, model, hf):
 def fresh_reference(dims):
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return reference.GPT(**dims).double().eval()
+        return fused_gpt.GPT(**dims).double().eval()
 
 
 @probe
@@ -525,52 +607,373 @@ def load_gpt2_any_size(seeds, load_gpt2_weights):
     return logits, refusals
 
 
-# ---------------------------------------------------------------- exercise 6: train
+# ---------------------------------------------------------------- exercise 7: configure_optimizer
+OPTIMIZER_SHORTCUTS = ["courselib.gpt.pretrain"]
+
+
+OPTIMIZER_DIMS = dict(vocab_size=19, d_model=8, num_layers=2, num_heads=2, max_positions=7)
+
+
+OPTIMIZER_SETTINGS = dict(lr=0.03, weight_decay=0.25, betas=(0.85, 0.9))
+
+
+OPTIMIZER_STEPS = 3
+
+
+def optimizer_problem(seeds):
+    """The weights, and one seeded gradient per parameter and step, by the notebook's parameter names."""
+    g = seeds.generator(1200)
+    state = gpt_state(g, **OPTIMIZER_DIMS)
+    names = [name for name, _ in reference_gpt(state, OPTIMIZER_DIMS).named_parameters()]
+    grads = [{name: torch.randn(state[name].shape, generator=g, dtype=torch.float64) for name in names}
+             for _ in range(OPTIMIZER_STEPS)]
+    return state, names, grads
+
+
+def _optimizer(configure_optimizer, model):
+    optimizer = call(configure_optimizer, model, **OPTIMIZER_SETTINGS, name="configure_optimizer",
+                     forbidden=OPTIMIZER_SHORTCUTS, forbidden_advice=ADVICE)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise AssertionError(f"configure_optimizer should return a torch.optim.AdamW, not a {type(optimizer).__name__}.")
+    return optimizer
+
+
+@probe
+def configure_optimizer_groups(seeds, configure_optimizer):
+    state, _, _ = optimizer_problem(seeds)
+    model = reference_gpt(state, OPTIMIZER_DIMS)
+    optimizer = _optimizer(configure_optimizer, model)
+    names = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)                     # the tied head is the token table: one name
+    groups = [{"names": [names.get(id(p), "a tensor that is not a parameter of the model") for p in group["params"]],
+               "weight_decay": float(group.get("weight_decay", -1.0)), "lr": float(group.get("lr", -1.0)),
+               "betas": [float(b) for b in group.get("betas", ())]} for group in optimizer.param_groups]
+    return {"kind": type(optimizer).__name__, "groups": groups}
+
+
+@probe
+def configure_optimizer_steps(seeds, configure_optimizer):
+    state, names, grads = optimizer_problem(seeds)
+    model = reference_gpt(state, OPTIMIZER_DIMS)
+    optimizer = _optimizer(configure_optimizer, model)
+    params = dict(model.named_parameters())
+
+    def steps():
+        for step_grads in grads:
+            for name in names:
+                params[name].grad = step_grads[name].clone()
+            optimizer.step()
+    call(steps, name="optimizer.step() of your configure_optimizer's AdamW")
+    return {name: param.detach() for name, param in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- exercise 8: lr_at
+LR_SHORTCUTS = ["torch.optim.lr_scheduler.LambdaLR", "torch.optim.lr_scheduler.LinearLR",
+                "torch.optim.lr_scheduler.CosineAnnealingLR", "torch.optim.lr_scheduler.SequentialLR",
+                "torch.optim.lr_scheduler.OneCycleLR", "torch.optim.lr_scheduler.CosineAnnealingWarmRestarts"]
+
+
+def lr_value_cases(seeds):
+    """Designed schedules: (max_lr, warmup_steps, total_steps, min_lr), every step from 0 to past the end."""
+    r = seeds.random(1210)
+    return [(1.0, 4, 12, 0.1), (r.choice([3e-4, 6e-4, 1e-3]), 1, 6, 0.0), (2.0, 3, 4, 0.5),
+            (r.uniform(0.5, 2.0), r.randint(2, 5), r.randint(8, 15), r.uniform(0.01, 0.2))]
+
+
+def lr_torch_cases(seeds):
+    r = seeds.random(1211)
+    cases = []
+    for _ in range(3):
+        warmup = r.randint(2, 20)
+        peak = r.uniform(1e-4, 1e-2)
+        cases.append((peak, warmup, warmup + r.randint(5, 80), peak * r.choice([0.0, 0.1, 0.05])))
+    return cases
+
+
+def _lr_values(lr_at, cases):
+    results = []
+    for max_lr, warmup, total, min_lr in cases:
+        values = []
+        for step in range(total + 4):
+            value = call(lr_at, step, max_lr, warmup, total, min_lr, name="lr_at", forbidden=LR_SHORTCUTS,
+                         forbidden_advice=ADVICE)
+            if isinstance(value, torch.Tensor) or not isinstance(value, (float, int)):
+                raise AssertionError(f"lr_at should return a Python float, not a {type(value).__name__}.")
+            values.append(float(value))
+        results.append(values)
+    return results
+
+
+@probe
+def lr_at_values(seeds, lr_at):
+    return _lr_values(lr_at, lr_value_cases(seeds))
+
+
+@probe
+def lr_at_matches_torch(seeds, lr_at):
+    return _lr_values(lr_at, lr_torch_cases(seeds))
+
+
+# ---------------------------------------------------------------- exercise 9: clip_grad_norm
+CLIP_SHORTCUTS = ["torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_.__wrapped__",
+                  "torch.nn.utils.clip_grad.clip_grad_norm",
+                  "torch.nn.utils.clip_grad._clip_grads_with_norm_.__wrapped__",
+                  "torch.nn.utils.clip_grad._get_total_norm.__wrapped__"]
+
+
+def clip_cases(seeds, n, designed):
+    """(gradients, or None for a parameter without one; max_norm) per case, in float64 and float32."""
+    g = seeds.generator(n)
+    cases = []
+    if designed:
+        grads = [torch.randn(3, 4, generator=g, dtype=torch.float64), None, torch.randn(5, generator=g, dtype=torch.float64)]
+        norm = math.sqrt(sum(float(t.pow(2).sum()) for t in grads if t is not None))
+        cases += [(grads, norm * 0.3), (grads, norm * 2.0),                      # clipped; left alone
+                  ([torch.zeros(2, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)], 1.0),   # all zero
+                  ([10 * torch.randn(7, generator=g, dtype=torch.float64)], 1.0)]  # one parameter
+    else:
+        for dtype in (torch.float64, torch.float32, torch.float64):
+            grads = [torch.randn(*shape, generator=g, dtype=dtype) * scale
+                     for shape, scale in [((6, 5), 1.0), ((5,), 3.0), ((2, 3, 4), 0.2), ((1,), 5.0)]]
+            cases.append((grads, float(torch.rand(1, generator=g)) * 4 + 0.5))
+    return cases
+
+
+def _clip(clip_grad_norm, cases):
+    results = []
+    for grads, max_norm in cases:
+        params = []
+        for grad in grads:
+            shape, dtype = ((1,), torch.float64) if grad is None else (grad.shape, grad.dtype)
+            param = nn.Parameter(torch.zeros(shape, dtype=dtype))
+            param.grad = None if grad is None else grad.clone()
+            params.append(param)
+        norm = call(clip_grad_norm, (p for p in params), max_norm, name="clip_grad_norm", forbidden=CLIP_SHORTCUTS,
+                    forbidden_advice=ADVICE)
+        if isinstance(norm, torch.Tensor) or not isinstance(norm, (float, int)):
+            raise AssertionError(f"clip_grad_norm should return the norm as a Python float, not a "
+                                 f"{type(norm).__name__}.")
+        results.append((float(norm), [None if p.grad is None else p.grad.detach().clone() for p in params]))
+    return results
+
+
+@probe
+def clip_grad_norm_values(seeds, clip_grad_norm):
+    return _clip(clip_grad_norm, clip_cases(seeds, 1220, designed=True))
+
+
+@probe
+def clip_grad_norm_matches_torch(seeds, clip_grad_norm):
+    return _clip(clip_grad_norm, clip_cases(seeds, 1221, designed=False))
+
+
+# ---------------------------------------------------------------- exercise 10: train
+TRAIN_SHORTCUTS = ["courselib.gpt.pretrain"]
+
+
 TRAIN_DIMS = dict(vocab_size=17, d_model=8, num_layers=1, num_heads=2, max_positions=9)
 
 
-TRAIN_STEPS, EVAL_EVERY, TRAIN_LR = 7, 3, 0.2
+TRAIN_STEPS, EVAL_EVERY, TRAIN_CLIP, RESUME_STEPS = 7, 3, 0.3, 9
+
+
+def torch_clip(parameters, max_norm):
+    """The reference for the student's clip_grad_norm, which train() calls: PyTorch's."""
+    return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+
+TRAIN_HELPERS = {"clip_grad_norm": torch_clip}
 
 
 def train_problem(seeds, n):
     g = seeds.generator(n)
     state = gpt_state(g, **TRAIN_DIMS)
-    batch = torch.randint(0, TRAIN_DIMS["vocab_size"], (3, 9), generator=g)
+    batches = [torch.randint(0, TRAIN_DIMS["vocab_size"], (3, 9), generator=g) for _ in range(RESUME_STEPS)]
     held_out = torch.randint(0, TRAIN_DIMS["vocab_size"], (2, 9), generator=g)
-    return state, [batch] * TRAIN_STEPS, held_out   # one batch, seen 7 times: a loss that must fall
+    rates = [float(r) for r in 0.05 + 0.5 * torch.rand(RESUME_STEPS, generator=g, dtype=torch.float64)]
+    return state, batches, held_out, rates
 
 
-def _train(seeds, n, train):
-    state, batches, held_out = train_problem(seeds, n)
-    model = reference_gpt(state, TRAIN_DIMS).eval()
+class Recorder:
+    """A stand-in for TrainingMonitor that records what the loop reports."""
+
+    def __init__(self):
+        self.updates, self.held_outs = [], []
+
+    def update(self, step, loss):
+        self.updates.append((int(step), float(loss)))
+
+    def held_out(self, step, loss):
+        self.held_outs.append((int(step), float(loss)))
+
+
+def _train(seeds, n, train, dropout=0.0):
+    state, batches, held_out, rates = train_problem(seeds, n)
+    model = reference_gpt(state, TRAIN_DIMS, dropout=dropout).eval()
     seen = watch_modes(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=TRAIN_LR)
-    result = student_call(train, model, optimizer, batches, held_out, eval_every=EVAL_EVERY, name="train",
-                          helpers={"lm_loss": reference.lm_loss}, forbidden=TRAIN_SHORTCUTS)
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise AssertionError("train should return the pair (losses, held_out_losses).")
-    return model, seen, result
+    optimizer = torch.optim.SGD(model.parameters(), lr=99.0)   # never used as it is: the schedule sets every step
+    queue = iter(batches)
+    recorder = Recorder()
+    runs = []
+    with torch.random.fork_rng():
+        for start, stop in ((0, TRAIN_STEPS), (TRAIN_STEPS, RESUME_STEPS)):   # a run, then its continuation
+            result = student_call(train, model, optimizer, lambda: next(queue), stop, rates.__getitem__, held_out,
+                                  eval_every=EVAL_EVERY, max_grad_norm=TRAIN_CLIP, start_step=start,
+                                  monitor=recorder, name="train", helpers={"lm_loss": reference.lm_loss, **TRAIN_HELPERS},
+                                  forbidden=TRAIN_SHORTCUTS)
+            if not isinstance(result, (tuple, list)) or len(result) != 2:
+                raise AssertionError("train should return the pair (losses, held_out_losses).")
+            runs.append(result)
+    return model, seen, runs, recorder
+
+
+def plain(x):
+    return x.detach() if type(x) is torch.Tensor else x
 
 
 @probe
 def train_steps_match_reference(seeds, train):
-    model, _, (losses, held_out_losses) = _train(seeds, 980, train)
-    if not isinstance(losses, list) or not isinstance(held_out_losses, list):
-        raise AssertionError("train should return two lists: (losses, held_out_losses).")
-    plain = lambda x: x.detach() if type(x) is torch.Tensor else x  # noqa: E731
-    return {"losses": [plain(x) for x in losses],
-            "held_out": [tuple(plain(v) for v in pair) if isinstance(pair, (tuple, list)) else plain(pair)
-                         for pair in held_out_losses],
-            "state": {name: p.detach() for name, p in model.named_parameters()}}
+    model, _, runs, recorder = _train(seeds, 980, train)
+    out = []
+    for losses, held_out_losses in runs:
+        if not isinstance(losses, list) or not isinstance(held_out_losses, list):
+            raise AssertionError("train should return two lists: (losses, held_out_losses).")
+        out.append({"losses": [plain(x) for x in losses],
+                    "held_out": [tuple(plain(v) for v in pair) if isinstance(pair, (tuple, list)) else plain(pair)
+                                 for pair in held_out_losses]})
+    return {"runs": out, "state": {name: p.detach() for name, p in model.named_parameters()},
+            "reported": recorder.updates, "reported_held_out": recorder.held_outs}
 
 
 @probe
 def train_switches_modes(seeds, train):
-    model, seen, _ = _train(seeds, 981, train)
+    model, seen, _, _ = _train(seeds, 981, train, dropout=0.1)
     return seen, bool(model.training)
 
 
-# ---------------------------------------------------------------- exercise 7: top_k_filter
+# ---------------------------------------------------------------- exercise 11: checkpoints
+CHECKPOINT_DIMS = dict(vocab_size=23, d_model=8, num_layers=2, num_heads=2, max_positions=8)
+
+
+CHECKPOINT_STEPS, CHECKPOINT_AT = 9, 4
+
+
+def checkpoint_problem(seeds, n):
+    g = seeds.generator(n)
+    state = gpt_state(g, **CHECKPOINT_DIMS)
+    stranger = gpt_state(g, **CHECKPOINT_DIMS)               # what a new session's model starts from
+    data = torch.randint(0, CHECKPOINT_DIMS["vocab_size"], (30, CHECKPOINT_DIMS["max_positions"]), generator=g)
+    return state, stranger, data, [seeds.seed(n + k) % 2 ** 31 for k in range(1, 5)]
+
+
+def checkpoint_schedule(step):
+    return reference_lr(step, 0.02, 3, CHECKPOINT_STEPS, 0.002)
+
+
+def reference_lr(step, max_lr, warmup, total, min_lr):
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def checkpoint_steps(model, optimizer, generator, data, start, stop):
+    """The recipe's steps start..stop-1, batches of 4 windows drawn from `generator`: the run both sides replay."""
+    model.train()
+    for step in range(start, stop):
+        for group in optimizer.param_groups:
+            group["lr"] = checkpoint_schedule(step)
+        batch = data[torch.randint(len(data), (4,), generator=generator)]
+        loss = reference.lm_loss(model(batch), batch)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def checkpoint_session(state, dropout, seed, generator_seed):
+    """A model, its AdamW and a batch generator, as a session builds them (torch seeded with `seed`)."""
+    torch.manual_seed(seed)
+    model = reference_gpt(state, CHECKPOINT_DIMS, dropout=dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.1)
+    return model, optimizer, torch.Generator().manual_seed(generator_seed)
+
+
+def _checkpoint(seeds, n, save_checkpoint, load_checkpoint, dropout):
+    import tempfile
+    state, stranger, data, (seed, generator_seed, new_seed, new_generator_seed) = checkpoint_problem(seeds, n)
+    with torch.random.fork_rng():
+        model, optimizer, generator = checkpoint_session(state, dropout, seed, generator_seed)
+        uninterrupted = checkpoint_steps(model, optimizer, generator, data, 0, CHECKPOINT_STEPS)
+        model, optimizer, generator = checkpoint_session(state, dropout, seed, generator_seed)
+        checkpoint_steps(model, optimizer, generator, data, 0, CHECKPOINT_AT)
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/checkpoint.pt"
+            call(save_checkpoint, path, model, optimizer, CHECKPOINT_AT, generator, name="save_checkpoint")
+            model, optimizer, generator = checkpoint_session(stranger, dropout, new_seed, new_generator_seed)
+            step = call(load_checkpoint, path, model, optimizer, generator, name="load_checkpoint")
+        if isinstance(step, torch.Tensor):
+            step = step.item()
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= CHECKPOINT_STEPS:
+            raise AssertionError(f"load_checkpoint should return the saved step as an int, not {step!r}.")
+        resumed = checkpoint_steps(model, optimizer, generator, data, step, CHECKPOINT_STEPS)
+    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step,
+            "identical": all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)}
+
+
+@probe
+def checkpoint_resumes_the_optimizer_and_step(seeds, save_checkpoint, load_checkpoint):
+    return _checkpoint(seeds, 1230, save_checkpoint, load_checkpoint, dropout=0.0)
+
+
+@probe
+def checkpoint_resumes_the_randomness(seeds, save_checkpoint, load_checkpoint):
+    return _checkpoint(seeds, 1240, save_checkpoint, load_checkpoint, dropout=0.3)
+
+
+# ---------------------------------------------------------------- section 5: the training run learns
+RUN_DIMS = dict(d_model=64, num_layers=2, num_heads=4, max_positions=64)
+
+
+RUN_STEPS, RUN_BATCH, RUN_LR, RUN_FACTOR = 40, 8, 6e-3, 0.8
+
+
+def run_data(seeds):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(reference.MODEL_DIR)
+    story_seed = seeds.seed(1250) % 2 ** 31
+    stream = reference.token_stream(tokenizer, reference.corpus(300, seed=story_seed))
+    held = reference.token_stream(tokenizer, reference.corpus(40, seed=story_seed + 1))
+    return (reference.windows(stream, RUN_DIMS["max_positions"]), reference.windows(held, RUN_DIMS["max_positions"]),
+            len(tokenizer))
+
+
+@probe
+def training_run_learns(seeds, GPT, configure_optimizer, lr_at, train):
+    windows, held_out, vocab_size = run_data(seeds)
+    with torch.random.fork_rng():
+        torch.manual_seed(seeds.seed(1251))
+        model = call(GPT, vocab_size, RUN_DIMS["d_model"], RUN_DIMS["num_layers"], RUN_DIMS["num_heads"],
+                     RUN_DIMS["max_positions"], name="GPT")
+        optimizer = call(configure_optimizer, model, RUN_LR, name="configure_optimizer")
+        order = torch.Generator().manual_seed(seeds.seed(1252))
+
+        def loss_now():
+            model.eval()
+            with torch.no_grad():
+                return float(reference.lm_loss(model(held_out), held_out))
+
+        before = loss_now()
+        call(train, model, optimizer, lambda: windows[torch.randint(len(windows), (RUN_BATCH,), generator=order)],
+             RUN_STEPS, lambda step: lr_at(step, RUN_LR, 8, RUN_STEPS, RUN_LR / 10), held_out, eval_every=RUN_STEPS,
+             name="train (your whole recipe)")
+        after = loss_now()
+    return {"before": before, "after": after, "vocab_size": vocab_size}
+
+
+# ---------------------------------------------------------------- exercise 12: top_k_filter
 def top_k_cases(seeds):
     g = seeds.generator(1001)
     random_rows = torch.randn(5, 9, generator=g) * 2
@@ -645,7 +1048,7 @@ def top_p_filter_edges(seeds, top_p_filter):
     return outputs, errors
 
 
-# ---------------------------------------------------------------- exercise 9: sample_next
+# ---------------------------------------------------------------- exercise 14: sample_next
 SAMPLES = 12_000
 
 
@@ -727,7 +1130,7 @@ def sample_next_generator(seeds, sample_next):
     return first, again, other, untouched
 
 
-# ---------------------------------------------------------------- exercise 10: generate
+# ---------------------------------------------------------------- exercise 15: generate
 GEN_DIMS = dict(vocab_size=37, d_model=12, num_layers=2, num_heads=3, max_positions=20)
 
 
@@ -777,7 +1180,7 @@ def generate_checks_the_context(seeds, generate):
     return results
 
 
-# ---------------------------------------------------------------- exercise 11: forward_with_cache
+# ---------------------------------------------------------------- exercise 16: forward_with_cache
 CACHE_DIMS = dict(vocab_size=29, d_model=12, num_layers=2, num_heads=3, max_positions=16)
 
 
@@ -859,7 +1262,148 @@ def kv_cache_bytes_values(seeds, kv_cache_bytes):
             for case in bytes_cases(seeds)]
 
 
-# ---------------------------------------------------------------- exercise 13 (optional): speculative decoding
+# ---------------------------------------------------------------- exercise 18: LlamaAttention
+LLAMA_SHORTCUTS = ["courselib.llama.LlamaAttention", "courselib.llama.LlamaBlock", "courselib.llama.Llama",
+                   "transformers.models.llama.modeling_llama.LlamaAttention",
+                   "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
+                   "transformers.models.llama.modeling_llama.eager_attention_forward",
+                   "transformers.models.llama.modeling_llama.LlamaDecoderLayer",
+                   "transformers.models.llama.modeling_llama.LlamaModel",
+                   "transformers.models.llama.modeling_llama.LlamaForCausalLM"]
+
+
+LLAMA_ATTENTION_STRUCTURE = (16, 4, 2)
+
+
+def _llama_attention(LlamaAttention, d_model, num_heads, num_kv_heads, rope_base=10000.0):
+    return build(LlamaAttention, d_model, num_heads, num_kv_heads, rope_base=rope_base, forbidden=LLAMA_SHORTCUTS,
+                 name=f"LlamaAttention({d_model}, {num_heads}, {num_kv_heads}, rope_base={rope_base:g})")
+
+
+def _run_llama(module, x, name):
+    return run(module, x, name=name, forbidden=LLAMA_SHORTCUTS)
+
+
+@probe
+def llama_attention_structure(seeds, LlamaAttention):
+    d_model, num_heads, num_kv_heads = LLAMA_ATTENTION_STRUCTURE
+    attn = _llama_attention(LlamaAttention, d_model, num_heads, num_kv_heads).eval()
+    g = seeds.generator(1300)
+    shapes = [tuple(_run_llama(attn, torch.randn(*shape, generator=g), "LlamaAttention.forward").shape)
+              for shape in [(2, 5, d_model), (1, 1, d_model), (3, 6, d_model)]]
+    return {"parameters": {name: tuple(p.shape) for name, p in attn.named_parameters()}, "shapes": shapes,
+            "heads": [getattr(attn, "num_heads", None), getattr(attn, "num_kv_heads", None)]}
+
+
+LLAMA_ATTENTION_CASES = [dict(d_model=16, num_heads=4, num_kv_heads=2, rope_base=10000.0, B=2, T=7),
+                         dict(d_model=12, num_heads=3, num_kv_heads=1, rope_base=500.0, B=1, T=6),
+                         dict(d_model=16, num_heads=2, num_kv_heads=2, rope_base=10000.0, B=2, T=5)]
+
+
+def llama_attention_state(g, d_model, num_heads, num_kv_heads, prefix=""):
+    d_head = d_model // num_heads
+
+    def mat(rows, columns):
+        return torch.randn(rows, columns, generator=g, dtype=torch.float64) / math.sqrt(columns) * 1.5
+
+    return {f"{prefix}q_proj.weight": mat(num_heads * d_head, d_model),
+            f"{prefix}k_proj.weight": mat(num_kv_heads * d_head, d_model),
+            f"{prefix}v_proj.weight": mat(num_kv_heads * d_head, d_model),
+            f"{prefix}o_proj.weight": mat(d_model, num_heads * d_head)}
+
+
+def llama_attention_problem(seeds, i, case):
+    g = seeds.generator(1310 + i)
+    state = llama_attention_state(g, case["d_model"], case["num_heads"], case["num_kv_heads"])
+    return state, torch.randn(case["B"], case["T"], case["d_model"], generator=g, dtype=torch.float64)
+
+
+@probe
+def llama_attention_matches_llama(seeds, LlamaAttention):
+    outputs = []
+    for i, case in enumerate(LLAMA_ATTENTION_CASES):
+        state, x = llama_attention_problem(seeds, i, case)
+        attn = _llama_attention(LlamaAttention, case["d_model"], case["num_heads"], case["num_kv_heads"],
+                                case["rope_base"])
+        load_into(attn, state, "LlamaAttention")
+        outputs.append(_run_llama(attn, x, "LlamaAttention.forward"))
+    return outputs
+
+
+# ---------------------------------------------------------------- exercise 19: LlamaBlock and Llama
+LLAMA_HELPERS = {"LlamaAttention": llama_reference.LlamaAttention}
+
+
+LLAMA_MODEL_SHORTCUTS = [name for name in LLAMA_SHORTCUTS if name != "courselib.llama.LlamaAttention"]
+
+
+LLAMA_STRUCTURE_DIMS = dict(vocab_size=31, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=40,
+                            max_positions=12)
+
+
+LLAMA_VALUE_CASES = [(dict(vocab_size=37, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=40,
+                           max_positions=12, eps=1e-5, rope_base=10000.0), (2, 12)),
+                     (dict(vocab_size=29, d_model=12, num_layers=1, num_heads=3, num_kv_heads=1, d_ff=24,
+                           max_positions=9, eps=0.1, rope_base=500.0), (1, 9))]
+
+
+def _llama(Llama, dims):
+    described = ", ".join(f"{k}={v}" for k, v in dims.items())
+    return build(Llama, **dims, name=f"Llama({described})", helpers=LLAMA_HELPERS, forbidden=LLAMA_MODEL_SHORTCUTS)
+
+
+def llama_state(g, vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, **_):
+    """Random weights for a whole Llama, by the notebook's (Hugging Face's, without "model.") names."""
+    def vec(n):
+        return 1.0 + 0.3 * torch.randn(n, generator=g, dtype=torch.float64)
+
+    def mat(rows, columns, scale=1.0):
+        return torch.randn(rows, columns, generator=g, dtype=torch.float64) * scale / math.sqrt(columns)
+
+    state = {"embed_tokens.weight": 0.5 * torch.randn(vocab_size, d_model, generator=g, dtype=torch.float64)}
+    for i in range(num_layers):
+        prefix = f"layers.{i}."
+        state[prefix + "input_layernorm.weight"] = vec(d_model)
+        state.update(llama_attention_state(g, d_model, num_heads, num_kv_heads, prefix + "self_attn."))
+        state[prefix + "post_attention_layernorm.weight"] = vec(d_model)
+        state.update({prefix + "mlp.gate_proj.weight": mat(d_ff, d_model), prefix + "mlp.up_proj.weight": mat(d_ff, d_model),
+                      prefix + "mlp.down_proj.weight": mat(d_model, d_ff)})
+    state["norm.weight"] = vec(d_model)
+    state["lm_head.weight"] = mat(vocab_size, d_model, scale=2.0)
+    return state
+
+
+def llama_value_problem(seeds, i):
+    dims, (B, T) = LLAMA_VALUE_CASES[i]
+    g = seeds.generator(1320 + i)
+    return dims, llama_state(g, **dims), torch.randint(0, dims["vocab_size"], (B, T), generator=g)
+
+
+@probe
+def llama_structure(seeds, Llama):
+    dims = LLAMA_STRUCTURE_DIMS
+    model = _llama(Llama, dims).eval()
+    g = seeds.generator(1330)
+    shapes = [tuple(run(model, torch.randint(0, dims["vocab_size"], (B, T), generator=g), name="Llama.forward",
+                        forbidden=LLAMA_MODEL_SHORTCUTS, helpers=LLAMA_HELPERS).shape) for B, T in [(2, 7), (1, 12)]]
+    head, table = getattr(getattr(model, "lm_head", None), "weight", None), getattr(getattr(model, "embed_tokens", None),
+                                                                                   "weight", None)
+    return {"parameters": {name: tuple(p.shape) for name, p in model.named_parameters()}, "shapes": shapes,
+            "tied": head is not None and head is table, "max_positions": getattr(model, "max_positions", None),
+            "dropouts": sum(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())}
+
+
+@probe
+def llama_matches_hf(seeds, Llama):
+    outputs = []
+    for i in range(len(LLAMA_VALUE_CASES)):
+        dims, state, ids = llama_value_problem(seeds, i)
+        model = load_into(_llama(Llama, dims), state, "Llama")
+        outputs.append(run(model, ids, name="Llama.forward", forbidden=LLAMA_MODEL_SHORTCUTS, helpers=LLAMA_HELPERS))
+    return outputs
+
+
+# ---------------------------------------------------------------- exercise 20 (optional): speculative decoding
 SPEC_TARGET = dict(vocab_size=37, d_model=12, num_layers=2, num_heads=3, max_positions=24)
 
 

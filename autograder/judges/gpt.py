@@ -1,6 +1,7 @@
 """Hidden checks for gpt, the judge side (in the grader only, never mounted in the sandbox): the
 oracles, the diagnoses and one judge per probe of autograder/checks/gpt.py, which also builds the
 inputs both sides rebuild from the seeds."""
+import copy
 import math
 
 import numpy as np
@@ -10,28 +11,53 @@ import torch.nn.functional as F
 from autograder.checks.common import expect_close, expect_shape, expect_tensor, to_numpy
 from autograder.checks.gpt import (
     ANY_SIZE_DIMS,
+    ATTENTION_STRUCTURE_CASE,
+    ATTENTION_VALUE_CASES,
     BLOCK_STRUCTURE_CASE,
     BLOCK_VALUE_CASES,
     CACHE_DIMS,
     CAUSAL_CUTS,
+    CHECKPOINT_AT,
+    CHECKPOINT_STEPS,
     CHUNK_SPLITS,
     CONTEXT_CASES,
     EVAL_EVERY,
     GEN_DIMS,
     GPT_NAMES,
     GPT_STRUCTURE_DIMS,
+    LLAMA_ATTENTION_CASES,
+    LLAMA_ATTENTION_STRUCTURE,
+    LLAMA_STRUCTURE_DIMS,
     LOAD_DIMS,
     MATCH_SPLITS,
+    OPTIMIZER_SETTINGS,
+    OPTIMIZER_STEPS,
     PPL_DIMS,
+    RESUME_STEPS,
+    RUN_FACTOR,
+    RUN_STEPS,
     SAMPLES,
     SPEC_TARGET,
+    TRAIN_CLIP,
     TRAIN_DIMS,
-    TRAIN_LR,
     TRAIN_STEPS,
+    attention_value_problem,
     block_value_problem,
     bytes_cases,
     cache_problem,
-    decoder_block_is_causal,
+    causal_self_attention_is_causal,
+    causal_self_attention_matches_gpt2,
+    causal_self_attention_structure,
+    checkpoint_problem,
+    checkpoint_resumes_the_optimizer_and_step,
+    checkpoint_resumes_the_randomness,
+    checkpoint_session,
+    checkpoint_steps,
+    clip_cases,
+    clip_grad_norm_matches_torch,
+    clip_grad_norm_values,
+    configure_optimizer_groups,
+    configure_optimizer_steps,
     decoder_block_matches_gpt2,
     decoder_block_structure,
     generate_checks_the_context,
@@ -43,6 +69,7 @@ from autograder.checks.gpt import (
     gpt_structure,
     gpt_value_problem,
     greedy_logits,
+    hf_attention_state,
     hf_block_state,
     hf_model,
     hf_state,
@@ -50,12 +77,23 @@ from autograder.checks.gpt import (
     kv_cache_chunks,
     kv_cache_matches_uncached,
     kv_cache_shapes,
+    llama_attention_matches_llama,
+    llama_attention_problem,
+    llama_attention_structure,
+    llama_matches_hf,
+    llama_structure,
+    llama_value_problem,
     lm_loss_values,
     load_gpt2_any_size,
     load_gpt2_copies_every_weight,
     load_gpt2_parity,
     load_problem,
     loss_problem,
+    lr_at_matches_torch,
+    lr_at_values,
+    lr_torch_cases,
+    lr_value_cases,
+    optimizer_problem,
     perplexity_problem,
     perplexity_values,
     sample_next_distribution,
@@ -74,6 +112,7 @@ from autograder.checks.gpt import (
     train_problem,
     train_steps_match_reference,
     train_switches_modes,
+    training_run_learns,
 )
 
 
@@ -83,6 +122,14 @@ EARLIER = "(This test uses reference versions of the other exercises, so only th
 def hf_logits(state, dims, ids):
     with torch.no_grad():
         return hf_model(state, dims)(ids).logits
+
+
+def hf_attention(state, d_model, num_heads):
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+    with torch.random.fork_rng():
+        attn = GPT2Attention(gpt2_config(1, d_model, 1, num_heads, 8)).double().eval()
+    attn.load_state_dict(hf_attention_state(state), strict=True)
+    return attn
 
 
 def hf_block(state, d_model, num_heads, d_ff, eps):
@@ -98,8 +145,57 @@ def additive_causal(T, diagonal=0):
     return torch.zeros(T, T, dtype=torch.float64).masked_fill(~mask, float("-inf"))[None, None]
 
 
-# ---------------------------------------------------------------- a block computed by hand (diagnoses)
-def block_by_hand(state, x, num_heads, eps, mask, post_ln=False, approximate="tanh", raw_residual=True):
+# ---------------------------------------------------------------- attention and a block by hand (diagnoses)
+def attention_by_hand(state, x, num_heads, prefix="", order="qkv", heads_first=False, mask="causal", scale="head",
+                      merge="transpose"):
+    """GPT-2's fused attention written out with torch ops, with switches for the usual mistakes: `order` names
+    what each third of c_attn's output is taken as; `heads_first` cuts the 3d features into heads before q, k, v;
+    `mask` is "causal", "ahead" (sees the next token) or None; `scale` "head" (√d_head), "model" (√d) or None;
+    `merge` "transpose" or "reshape" (heads merged without the transpose)."""
+    B, T, d = x.shape
+    d_head = d // num_heads
+    fused = F.linear(x, state[f"{prefix}c_attn.weight"], state[f"{prefix}c_attn.bias"])          # (B, T, 3d)
+    if heads_first:
+        q, k, v = fused.view(B, T, num_heads, 3 * d_head).transpose(1, 2).split(d_head, dim=-1)
+    else:
+        named = dict(zip(order, fused.split(d, dim=2)))
+        q, k, v = (named[c].view(B, T, num_heads, d_head).transpose(1, 2) for c in "qkv")
+    scores = q @ k.transpose(-2, -1)
+    if scale is not None:
+        scores = scores / math.sqrt(d_head if scale == "head" else d)
+    if mask is not None:
+        allowed = torch.ones(T, T, dtype=torch.bool).tril(0 if mask == "causal" else 1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    heads = torch.softmax(scores, dim=-1) @ v                                                      # (B, h, T, d_head)
+    merged = heads.transpose(1, 2).reshape(B, T, d) if merge == "transpose" else heads.reshape(B, T, d)
+    return F.linear(merged, state[f"{prefix}c_proj.weight"], state[f"{prefix}c_proj.bias"])
+
+
+def attention_diagnoses(state, x, num_heads):
+    def by_hand(**switches):
+        return attention_by_hand(state, x, num_heads, **switches)
+
+    found = {f"you take c_attn's output in the order {', '.join(order)}; GPT-2's order is q, k, v: the first d "
+             "features are the queries, then the keys, then the values.": by_hand(order=order)
+             for order in ("kqv", "qvk", "vkq", "kvq", "vqk")}
+    found.update({
+        "you split the 3d features of c_attn's output into heads before splitting them into q, k and v, so each "
+        "head's q, k and v come from the wrong features. Split into q, k, v first (each (B, T, d)), then each into "
+        "heads.": by_hand(heads_first=True),
+        "there is no causal mask: every position attends to the whole sequence, future included. Mask the scores "
+        "above the diagonal with -inf before the softmax.": by_hand(mask=None),
+        "your mask lets position t see position t + 1 (tril(1)?): a token may attend to itself and the past only, "
+        "a lower-triangular mask with the diagonal.": by_hand(mask="ahead"),
+        "you scale the scores by √d_model; each head's scores are scaled by √d_head, the width of one head.":
+            by_hand(scale="model"),
+        "the scores are not scaled: divide q kᵀ by √d_head.": by_hand(scale=None),
+        "the heads are merged without the transpose: (B, h, T, d_head) reshaped to (B, T, d) mixes positions and "
+        "heads. Transpose back to (B, T, h, d_head) first.": by_hand(merge="reshape"),
+    })
+    return found
+
+
+def block_by_hand(state, x, num_heads, eps, post_ln=False, approximate="tanh", raw_residual=True):
     """A GPT-2-style block written out with torch ops, with switches for the usual mistakes."""
     def norm(name, h):
         return F.layer_norm(h, h.shape[-1:], state[f"{name}.weight"], state[f"{name}.bias"], eps)
@@ -108,11 +204,7 @@ def block_by_hand(state, x, num_heads, eps, mask, post_ln=False, approximate="ta
         return F.linear(h, state[f"{name}.weight"], state[f"{name}.bias"])
 
     def attend(h):
-        B, T, d = h.shape
-        split = lambda t: t.view(B, T, num_heads, d // num_heads).transpose(1, 2)  # noqa: E731
-        q, k, v = (split(linear(f"self_attn.{p}_proj", h)) for p in "qkv")
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return linear("self_attn.out_proj", out.transpose(1, 2).reshape(B, T, d))
+        return attention_by_hand(state, h, num_heads, prefix="self_attn.")
 
     def ffn(h):
         return linear("ffn.linear2", F.gelu(linear("ffn.linear1", h), approximate=approximate))
@@ -126,14 +218,86 @@ def block_by_hand(state, x, num_heads, eps, mask, post_ln=False, approximate="ta
     return (x if raw_residual else h) + ffn(h)
 
 
-# ---------------------------------------------------------------- exercise 1: DecoderBlock
-BLOCK_NAMES = "norm1, self_attn (MultiHeadAttention), norm2, ffn (FeedForward), dropout"
+# ---------------------------------------------------------------- exercise 1: CausalSelfAttention
+ATTENTION_NAMES = "num_heads, c_attn = nn.Linear(d_model, 3 * d_model), c_proj = nn.Linear(d_model, d_model)"
+
+
+@causal_self_attention_structure.judge
+def judge_causal_self_attention_structure(seeds, data):
+    d_model, num_heads = ATTENTION_STRUCTURE_CASE
+    for name, (d_in, d_out) in (("c_attn", (d_model, 3 * d_model)), ("c_proj", (d_model, d_model))):
+        layer = data["layers"][name]
+        if layer is None:
+            raise AssertionError(f"CausalSelfAttention has no nn.Linear `{name}`: the exercise asks for {ATTENTION_NAMES}.")
+        if layer[:2] != [d_in, d_out]:
+            hint = (" c_attn makes q, k and v at once: 3 * d_model outputs, one matrix." if name == "c_attn" else "")
+            raise AssertionError(f"CausalSelfAttention({d_model}, {num_heads}).{name} maps {layer[0]} -> {layer[1]} "
+                                 f"features; expected {d_in} -> {d_out}.{hint}")
+        if not layer[2]:
+            raise AssertionError(f"GPT-2's {name} has a bias: nn.Linear(..., bias=True), the default.")
+    extra = sorted(set(data["parameters"]) - {"c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"})
+    if extra:
+        raise AssertionError(f"CausalSelfAttention has parameters GPT-2's attention doesn't: {', '.join(extra)}. One "
+                             "fused c_attn replaces separate query, key and value projections.")
+    if data["num_heads"] != num_heads:
+        raise AssertionError(f"CausalSelfAttention({d_model}, {num_heads}).num_heads is {data['num_heads']}: store it, "
+                             "self.num_heads = num_heads (the KV cache of section 6 reads it).")
+    for shape, (B, T) in zip(data["shapes"], [(2, 5), (1, 1), (3, 8)]):
+        if tuple(shape) != (B, T, d_model):
+            raise AssertionError(f"CausalSelfAttention on a ({B}, {T}, {d_model}) input returned shape {tuple(shape)}: "
+                                 "attention keeps the shape (B, T, d_model).")
+    if data["refusal"] != "ValueError":
+        outcome = "built it" if data["refusal"] is None else f"raised {data['refusal']}"
+        raise AssertionError(f"CausalSelfAttention(10, 3) should raise ValueError (3 heads cannot share 10 features), "
+                             f"but it {outcome}.")
+
+
+@causal_self_attention_matches_gpt2.judge
+def judge_causal_self_attention_matches_gpt2(seeds, outputs):
+    for i, (case, output) in enumerate(zip(ATTENTION_VALUE_CASES, outputs)):
+        state, x = attention_value_problem(seeds, i, case)
+        attn = hf_attention(state, case["d_model"], case["num_heads"])
+        with torch.no_grad():
+            expected = attn(x, attention_mask=additive_causal(x.shape[1]))[0]
+            output = expect_tensor(output, "CausalSelfAttention output")
+            right = output.shape == expected.shape and torch.allclose(output.double(), expected, rtol=1e-12, atol=1e-12)
+            diagnoses = {} if right else attention_diagnoses(state, x, case["num_heads"])
+        expect_close(output, expected, f"CausalSelfAttention({case['d_model']}, {case['num_heads']}) output vs "
+                     "transformers' GPT2Attention (float64)", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
+                     hint="c_attn(x) split into q, k, v (that order), each into heads, causal softmax(q kᵀ / √d_head) "
+                          "v, heads merged with a transpose, then c_proj.")
+
+
+@causal_self_attention_is_causal.judge
+def judge_causal_self_attention_is_causal(seeds, data):
+    base, changed = data
+    base = to_numpy(base, "CausalSelfAttention output")
+    expect_shape(base, (2, 9, 8), "CausalSelfAttention output")
+    for t, after in zip(CAUSAL_CUTS, changed):
+        after = to_numpy(after, "CausalSelfAttention output")
+        moved = np.abs(after - base).max(axis=(0, 2)) > 1e-9         # (T,): which positions' outputs changed
+        if moved[:t].any():
+            first = int(np.argmax(moved[:t]))
+            if moved[:t].all() or first < t - 1:
+                raise AssertionError(f"changing the tokens at positions {t}..8 changed the output at position {first}: "
+                                     "the attention is not causal. Mask the scores so that query t reads keys 0..t "
+                                     "only.")
+            raise AssertionError(f"changing the tokens at positions {t}..8 changed the output at position {t - 1}: "
+                                 "your mask lets a token see the next one (torch.ones(T, T).tril(1)?). The diagonal "
+                                 "offset must be 0: a token sees itself and the past.")
+        if not moved[t:].any():
+            raise AssertionError(f"changing the tokens at positions {t}..8 changed no output at all: the attention "
+                                 "must compute from its input.")
+
+
+# ---------------------------------------------------------------- exercise 2: DecoderBlock
+BLOCK_NAMES = "norm1, self_attn (CausalSelfAttention), norm2, ffn (FeedForward), dropout"
 
 
 def block_parameter_shapes(d_model, d_ff):
     shapes = {f"{norm}.{p}": (d_model,) for norm in ("norm1", "norm2") for p in ("weight", "bias")}
-    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        shapes[f"self_attn.{proj}.weight"], shapes[f"self_attn.{proj}.bias"] = (d_model, d_model), (d_model,)
+    shapes.update({"self_attn.c_attn.weight": (3 * d_model, d_model), "self_attn.c_attn.bias": (3 * d_model,),
+                   "self_attn.c_proj.weight": (d_model, d_model), "self_attn.c_proj.bias": (d_model,)})
     shapes.update({"ffn.linear1.weight": (d_ff, d_model), "ffn.linear1.bias": (d_ff,),
                    "ffn.linear2.weight": (d_model, d_ff), "ffn.linear2.bias": (d_model,)})
     return shapes
@@ -169,17 +333,12 @@ def judge_decoder_block_structure(seeds, data):
 
 
 def block_diagnoses(state, x, case):
-    T, h, eps = x.shape[1], case["num_heads"], case["eps"]
-    causal, ahead = torch.ones(T, T, dtype=torch.bool).tril(), torch.ones(T, T, dtype=torch.bool).tril(1)
+    h, eps = case["num_heads"], case["eps"]
 
-    def by_hand(mask=causal, eps=eps, **switches):
-        return block_by_hand(state, x, h, eps, mask, **switches)
+    def by_hand(eps=eps, **switches):
+        return block_by_hand(state, x, h, eps, **switches)
 
     found = {
-        "there is no causal mask: every position attends to the whole sequence, future included. Pass "
-        "causal_mask(T) to self_attn.": by_hand(mask=None),
-        "your mask lets position t see position t + 1 (tril(1)?): a token may attend to itself and the past only, "
-        "causal_mask(T) = torch.ones(T, T).tril().": by_hand(mask=ahead),
         "you used the exact GELU; GPT-2's is the tanh approximation: FeedForward(..., approximate='tanh').":
             by_hand(approximate="none"),
         "your block is post-LN (it normalises each residual sum, as BERT does); GPT-2 is pre-LN: "
@@ -204,32 +363,11 @@ def judge_decoder_block_matches_gpt2(seeds, outputs):
             expected = block(x, attention_mask=additive_causal(x.shape[1]))
             expected = expected[0] if isinstance(expected, tuple) else expected
             output = expect_tensor(output, "DecoderBlock output")
-            right = torch.allclose(output.double(), expected, rtol=1e-7, atol=1e-7)
+            right = output.shape == expected.shape and torch.allclose(output.double(), expected, rtol=1e-12, atol=1e-12)
             diagnoses = {} if right else block_diagnoses(state, x, case)
         expect_close(output, expected, f"DecoderBlock output (d_model={case['d_model']}, eps={case['eps']:g}) vs "
-                     "transformers' GPT2Block", diagnoses=diagnoses, rtol=1e-7, atol=1e-7)
-
-
-@decoder_block_is_causal.judge
-def judge_decoder_block_is_causal(seeds, data):
-    base, changed = data
-    base = to_numpy(base, "DecoderBlock output")
-    expect_shape(base, (2, 9, 8), "DecoderBlock output")
-    for t, after in zip(CAUSAL_CUTS, changed):
-        after = to_numpy(after, "DecoderBlock output")
-        moved = np.abs(after - base).max(axis=(0, 2)) > 1e-9         # (T,): which positions' outputs changed
-        if moved[:t].any():
-            first = int(np.argmax(moved[:t]))
-            if moved[:t].all() or first < t - 1:
-                raise AssertionError(f"changing the tokens at positions {t}..8 changed the output at position {first}: "
-                                     "the block is not causal. Pass causal_mask(T) to self_attn, so that position t "
-                                     "reads positions 0..t only.")
-            raise AssertionError(f"changing the tokens at positions {t}..8 changed the output at position {t - 1}: "
-                                 "your mask lets a token see the next one (torch.ones(T, T).tril(1)?). The diagonal "
-                                 "offset must be 0: a token sees itself and the past.")
-        if not moved[t:].any():
-            raise AssertionError(f"changing the tokens at positions {t}..8 changed no output at all: the block must "
-                                 "compute from its input.")
+                     "transformers' GPT2Block (float64)", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
+                     hint="x + attn(norm1(x)), then + ffn(norm2(x)). " + EARLIER)
 
 
 @gpt_structure.judge
@@ -316,10 +454,11 @@ def judge_gpt_matches_gpt2(seeds, outputs):
         hf = hf_model(state, dims)
         with torch.no_grad():
             expected = hf(ids).logits
-            diagnoses = {} if torch.allclose(expect_tensor(output, "GPT logits").double(), expected, rtol=1e-7,
-                                             atol=1e-7) else gpt_diagnoses(hf, ids)
-        expect_close(output, expected, f"GPT logits ({dims['num_layers']} blocks) vs transformers' GPT2LMHeadModel",
-                     diagnoses=diagnoses, rtol=1e-7, atol=1e-7,
+            output = expect_tensor(output, "GPT logits")
+            right = output.shape == expected.shape and torch.allclose(output.double(), expected, rtol=1e-12, atol=1e-12)
+            diagnoses = {} if right else gpt_diagnoses(hf, ids)
+        expect_close(output, expected, f"GPT logits ({dims['num_layers']} blocks) vs transformers' GPT2LMHeadModel "
+                     "(float64)", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
                      hint="token + position embeddings (unscaled), dropout, the blocks in order, final_norm, the tied "
                           "head. " + EARLIER)
 
@@ -392,13 +531,18 @@ def describe_mismatch(name, ours, state):
         if value.shape == ours.shape and torch.allclose(ours, value):
             return f"model.{name} holds what belongs in model.{other}."
     expected = state[name]
-    if expected.dim() == 2 and expected.shape == ours.shape and torch.allclose(ours, expected.T):
-        return (f"model.{name} holds GPT-2's weight as stored, untransposed: a Conv1D stores (in_features, "
-                "out_features), nn.Linear (out_features, in_features), so copy conv.weight.T. (The matrix is square, "
-                "so copy_ raised no error.)")
-    if name.startswith("blocks.") and ".self_attn." in name:
-        return (f"model.{name} is wrong: c_attn.weight is (d, 3d) with W_Q, W_K, W_V side by side; transpose it to "
-                "(3d, d) and chunk(3) gives q, k, v in that order (c_attn.bias splits the same way).")
+    if expected.dim() == 2:
+        stored = expected.T.contiguous()          # GPT-2's Conv1D storage, (in, out)
+        if stored.shape == ours.shape and torch.allclose(ours, stored):
+            return (f"model.{name} holds GPT-2's weight as stored, untransposed: a Conv1D stores (in_features, "
+                    "out_features), nn.Linear (out_features, in_features), so copy conv.weight.T. (The matrix is "
+                    "square, so copy_ raised no error.)")
+        if stored.numel() == ours.numel() and torch.allclose(ours, stored.reshape(ours.shape)):
+            return (f"model.{name} holds GPT-2's weight reshaped to nn.Linear's shape: a reshape re-reads the stored "
+                    "values row by row, a transpose swaps rows and columns. Copy conv.weight.T.")
+    if name.endswith("c_attn.weight") or name.endswith("c_attn.bias"):
+        return (f"model.{name} is wrong: GPT-2's c_attn is one (d, 3d) matrix with W_Q, W_K, W_V side by side; "
+                "copy its transpose, (3d, d), as one matrix (the bias (3d,) as it is).")
     return f"model.{name} was not copied from GPT-2 (see the table of names)."
 
 
@@ -441,85 +585,347 @@ def judge_load_gpt2_any_size(seeds, data):
                                  "blocks with strict=True, so that a wrong size fails loudly.")
 
 
-EVAL_AT = [3, 6, 7]
+# ---------------------------------------------------------------- exercise 7: configure_optimizer
+def oracle_groups(names, shapes, rule="nanogpt"):
+    """The parameter names of the decay group and of the other, by a rule: nanoGPT's (every tensor with >= 2
+    dimensions decays) or one of the usual mistakes."""
+    if rule == "nanogpt":
+        decays = lambda name: len(shapes[name]) >= 2                                             # noqa: E731
+    elif rule == "everything":
+        decays = lambda name: True                                                               # noqa: E731
+    elif rule == "weights":                  # every tensor called ...weight: LayerNorm gains included
+        decays = lambda name: name.endswith("weight")                                            # noqa: E731
+    elif rule == "no_embeddings":            # minGPT's rule: linear layers only
+        decays = lambda name: len(shapes[name]) >= 2 and "embeddings" not in name                # noqa: E731
+    return [n for n in names if decays(n)], [n for n in names if not decays(n)]
 
 
-def hand_sgd(state, batches, held_out, variant="right"):
-    """GPT2LMHeadModel trained by hand: the oracle (variant 'right') and two classic mistakes."""
+GROUP_MISTAKES = {
+    "weights": "the LayerNorm gains are in the decay group: decay pulls them toward 0, not toward their neutral value "
+               "1. Only tensors with two or more dimensions decay (p.dim() >= 2).",
+    "everything": "every parameter decays, biases and LayerNorm parameters included: only tensors with two or more "
+                  "dimensions decay (p.dim() >= 2).",
+    "no_embeddings": "the embedding tables are not decayed: they are matrices like the linear weights (and the token "
+                     "table is the head's weight too), so they decay with every tensor of two or more dimensions.",
+}
+
+
+@configure_optimizer_groups.judge
+def judge_configure_optimizer_groups(seeds, data):
+    state, names, _ = optimizer_problem(seeds)
+    shapes = {name: tuple(state[name].shape) for name in names}
+    if data["kind"] != "AdamW":
+        raise AssertionError(f"configure_optimizer returned a torch.optim.{data['kind']}; the recipe's optimizer is "
+                             "torch.optim.AdamW (weight decay decoupled from the adaptive step).")
+    groups = data["groups"]
+    if len(groups) != 2:
+        raise AssertionError(f"configure_optimizer's AdamW has {len(groups)} parameter group(s); it needs two: the "
+                             "decayed tensors (group 0), then the others (group 1).")
+    listed = [name for group in groups for name in group["names"]]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    if twice:
+        raise AssertionError(f"{twice[0]} appears twice in the parameter groups: list each parameter once "
+                             "(model.parameters() lists the tied head once).")
+    missing = [name for name in names if name not in listed]
+    if missing:
+        raise AssertionError(f"{missing[0]} is in no parameter group: every parameter of the model is trained.")
+    strangers = [name for name in listed if name not in names]
+    if strangers:
+        raise AssertionError(f"a group holds {strangers[0]}: only the model's own parameters belong in them.")
+    decayed, kept = set(groups[0]["names"]), set(groups[1]["names"])
+    expected = oracle_groups(names, shapes)
+    if (decayed, kept) != (set(expected[0]), set(expected[1])):
+        if (kept, decayed) == (set(expected[0]), set(expected[1])):
+            raise AssertionError("the groups are in the other order: group 0 holds the decayed tensors (two or more "
+                                 "dimensions), group 1 the others.")
+        for rule, message in GROUP_MISTAKES.items():
+            wrong = oracle_groups(names, shapes, rule)
+            if (decayed, kept) == (set(wrong[0]), set(wrong[1])):
+                raise AssertionError(message)
+        wrong_ones = sorted((decayed - set(expected[0])) | (kept - set(expected[1])))
+        raise AssertionError(f"{wrong_ones[0]} is in the wrong group: tensors with two or more dimensions decay, the "
+                             "others don't.")
+    settings = OPTIMIZER_SETTINGS
+    if [groups[0]["weight_decay"], groups[1]["weight_decay"]] != [settings["weight_decay"], 0.0]:
+        raise AssertionError(f"the groups' weight decays are {groups[0]['weight_decay']} and {groups[1]['weight_decay']}; "
+                             f"with weight_decay={settings['weight_decay']} they are {settings['weight_decay']} and 0.0.")
+    for group in groups:
+        if group["lr"] != settings["lr"] or group["betas"] != list(settings["betas"]):
+            raise AssertionError(f"a group has lr {group['lr']} and betas {group['betas']}; configure_optimizer was "
+                                 f"given lr={settings['lr']} and betas={settings['betas']}: pass them on to AdamW.")
+
+
+def adamw_oracle(seeds, rule="nanogpt"):
+    """torch.optim.AdamW on the check's weights, with the groups of a rule and the probe's gradients."""
+    state, names, grads = optimizer_problem(seeds)
+    shapes = {name: tuple(state[name].shape) for name in names}
+    params = {name: torch.nn.Parameter(state[name].clone()) for name in names}
+    decay, keep = oracle_groups(names, shapes, rule)
+    settings = OPTIMIZER_SETTINGS
+    optimizer = torch.optim.AdamW([{"params": [params[n] for n in decay], "weight_decay": settings["weight_decay"]},
+                                   {"params": [params[n] for n in keep], "weight_decay": 0.0}],
+                                  lr=settings["lr"], betas=settings["betas"])
+    for step_grads in grads:
+        for name in names:
+            params[name].grad = step_grads[name].clone()
+        optimizer.step()
+    return {name: p.detach() for name, p in params.items()}
+
+
+@configure_optimizer_steps.judge
+def judge_configure_optimizer_steps(seeds, found):
+    expected = adamw_oracle(seeds)
+    for name, value in expected.items():
+        if name not in found:
+            raise AssertionError(f"after the steps the model has no {name}.")
+        ours = expect_tensor(found[name], name)
+        if ours.shape == value.shape and torch.allclose(ours.double(), value, rtol=1e-12, atol=1e-12):
+            continue
+        diagnoses = {message: adamw_oracle(seeds, rule)[name] for rule, message in GROUP_MISTAKES.items()}
+        expect_close(ours, value, f"{name} after {OPTIMIZER_STEPS} AdamW steps vs torch.optim.AdamW with the right "
+                     "groups", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
+                     hint=f"AdamW(groups, lr={OPTIMIZER_SETTINGS['lr']}, betas={OPTIMIZER_SETTINGS['betas']}), group 0 "
+                          f"decaying by weight_decay={OPTIMIZER_SETTINGS['weight_decay']}, group 1 by 0.")
+
+
+# ---------------------------------------------------------------- exercise 8: lr_at
+def torch_schedule(max_lr, warmup, total, min_lr):
+    """The learning rate of steps 0..total from PyTorch's schedulers: LinearLR for the warm-up, then
+    CosineAnnealingLR, joined by SequentialLR."""
+    import warnings
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], lr=max_lr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # SequentialLR steps its second scheduler with an epoch argument
+        scheduler = SequentialLR(optimizer, [LinearLR(optimizer, start_factor=1 / warmup, end_factor=1.0,
+                                                      total_iters=warmup - 1),
+                                             CosineAnnealingLR(optimizer, T_max=total - warmup, eta_min=min_lr)],
+                                 milestones=[warmup])
+        rates = []
+        for _ in range(total + 1):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+    return rates
+
+
+def schedule_mistakes(max_lr, warmup, total, min_lr, steps):
+    def cosine(step, start, length, floor):
+        progress = min(1.0, max(0.0, (step - start) / length))
+        return floor + 0.5 * (max_lr - floor) * (1 + math.cos(math.pi * progress))
+
+    def shape(warm, cos):
+        return [warm(s) if s < warmup else cos(s) for s in range(steps)]
+
+    return {
+        "the warm-up starts at 0: step 0 already updates the weights, so its rate is max_lr * (step + 1) / "
+        "warmup_steps (max_lr / warmup_steps at step 0, max_lr at step warmup_steps - 1).":
+            shape(lambda s: max_lr * s / warmup, lambda s: cosine(s, warmup, total - warmup, min_lr)),
+        "the cosine decays to 0, not to the floor: min_lr + (max_lr - min_lr) * (1 + cos(pi * progress)) / 2.":
+            shape(lambda s: max_lr * (s + 1) / warmup, lambda s: cosine(s, warmup, total - warmup, 0.0)),
+        "the cosine's progress counts from step 0 over total_steps; it counts from the end of the warm-up: "
+        "(step - warmup_steps) / (total_steps - warmup_steps).":
+            shape(lambda s: max_lr * (s + 1) / warmup, lambda s: cosine(s, 0, total, min_lr)),
+        "after total_steps the rate should stay at min_lr; yours follows the cosine back up.":
+            shape(lambda s: max_lr * (s + 1) / warmup,
+                  lambda s: min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))),
+    }
+
+
+def judge_schedules(cases, results):
+    for (max_lr, warmup, total, min_lr), found in zip(cases, results):
+        expected = torch_schedule(max_lr, warmup, total, min_lr) + [min_lr] * 3   # the floor after total_steps
+        described = f"lr_at(step, max_lr={max_lr:.4g}, warmup_steps={warmup}, total_steps={total}, min_lr={min_lr:.4g})"
+        expect_close(found, expected, f"{described} for steps 0..{total + 3} vs PyTorch's LinearLR + CosineAnnealingLR",
+                     diagnoses=schedule_mistakes(max_lr, warmup, total, min_lr, total + 4), rtol=1e-9,
+                     atol=1e-12 * max_lr, hint="warm-up max_lr * (step + 1) / warmup_steps, then the cosine from max_lr "
+                                               "to min_lr between warmup_steps and total_steps, then min_lr.")
+
+
+@lr_at_values.judge
+def judge_lr_at_values(seeds, results):
+    judge_schedules(lr_value_cases(seeds), results)
+
+
+@lr_at_matches_torch.judge
+def judge_lr_at_matches_torch(seeds, results):
+    judge_schedules(lr_torch_cases(seeds), results)
+
+
+# ---------------------------------------------------------------- exercise 9: clip_grad_norm
+def torch_clipped(grads, max_norm):
+    params = []
+    for grad in grads:
+        param = torch.nn.Parameter(torch.zeros(1 if grad is None else grad.shape,
+                                               dtype=torch.float64 if grad is None else grad.dtype))
+        param.grad = None if grad is None else grad.clone()
+        params.append(param)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return norm, [p.grad for p in params]
+
+
+def clip_mistakes(grads, max_norm):
+    present = [g for g in grads if g is not None]
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in present))
+
+    def scaled(factor_of):
+        return [None if g is None else g * factor_of(g) for g in grads]
+
+    return {
+        "you clip each parameter's gradient on its own; the norm is global, one length over all parameters together, "
+        "and one factor scales every gradient (so the step keeps its direction).":
+            (norm, scaled(lambda g: min(1.0, max_norm / (float(g.double().norm()) + 1e-6)))),
+        "the gradients were scaled up to max_norm although they were shorter: the factor is min(1, max_norm / "
+        "(norm + 1e-6)), never more than 1.": (norm, scaled(lambda g: max_norm / (norm + 1e-6))),
+    }
+
+
+def judge_clipping(cases, results):
+    for i, ((grads, max_norm), (norm, clipped)) in enumerate(zip(cases, results)):
+        float32 = any(g is not None and g.dtype == torch.float32 for g in grads)
+        rtol = 1e-5 if float32 else 1e-10
+        expected_norm, expected_grads = torch_clipped(grads, max_norm)
+        described = f"case {i + 1} ({len(grads)} parameters, max_norm {max_norm:.3g})"
+        squared = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+        if expected_norm > 0 and abs(norm - squared) <= rtol * squared and abs(squared - expected_norm) > 1e-6:
+            raise AssertionError(f"clip_grad_norm returned the sum of squares, {norm:.6g}, in {described}: the norm is "
+                                 "its square root.")
+        if expected_norm > max_norm and math.isclose(norm, max_norm * expected_norm / (expected_norm + 1e-6),
+                                                      rel_tol=rtol):
+            raise AssertionError(f"clip_grad_norm returned the norm after clipping in {described}; return the norm "
+                                 "measured before (what PyTorch returns: it tells how large the gradient was).")
+        mistakes = clip_mistakes(grads, max_norm)
+        for grad, ours, theirs in zip(grads, clipped, expected_grads):
+            if grad is None:
+                if ours is not None:
+                    raise AssertionError(f"a parameter without a gradient got one in {described}: skip parameters whose "
+                                         ".grad is None.")
+                continue
+        flat = lambda gs: torch.cat([g.double().flatten() for g in gs if g is not None])   # noqa: E731
+        if any(g is None for g in clipped if g is not None) or len(clipped) != len(grads):
+            raise AssertionError("clip_grad_norm changed which parameters have gradients.")
+        diagnoses = {message: flat(wrong[1]) for message, wrong in mistakes.items()}
+        expect_close(flat(clipped), flat(expected_grads), f"the gradients after clip_grad_norm in {described} vs "
+                     "torch.nn.utils.clip_grad_norm_", diagnoses=diagnoses, rtol=rtol, atol=1e-12,
+                     hint="multiply every gradient, in place, by min(1, max_norm / (norm + 1e-6)), norm taken over all "
+                          "parameters together.")
+        expect_close(norm, expected_norm, f"the norm clip_grad_norm returned in {described}", rtol=rtol, atol=1e-12,
+                     hint="sqrt of the sum of every squared gradient entry of every parameter, before clipping.")
+
+
+@clip_grad_norm_values.judge
+def judge_clip_grad_norm_values(seeds, results):
+    judge_clipping(clip_cases(seeds, 1220, designed=True), results)
+
+
+@clip_grad_norm_matches_torch.judge
+def judge_clip_grad_norm_matches_torch(seeds, results):
+    judge_clipping(clip_cases(seeds, 1221, designed=False), results)
+
+
+# ---------------------------------------------------------------- exercise 10: train
+EVAL_AT = [[3, 6, 7], [9]]
+
+
+def hand_sgd(state, batches, held_out, rates, variant="right"):
+    """GPT2LMHeadModel trained by hand with the recipe (rate from the schedule, clipping, SGD): the oracle (variant
+    'right') and the classic mistakes. Returns the two runs' losses and held-out losses, and the final weights."""
     hf = hf_model(state, TRAIN_DIMS)
     params = [p for p in hf.parameters()]
     V = TRAIN_DIMS["vocab_size"]
     loss_of = lambda ids: F.cross_entropy(hf(ids).logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))  # noqa: E731
-    losses, held, accumulated, previous = [], [], [torch.zeros_like(p) for p in params], None
-    for step, batch in enumerate(batches, start=1):
-        loss = loss_of(batch)
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            if variant == "accumulate":      # no zero_grad: every step adds to the old gradients
-                accumulated = [a + g for a, g in zip(accumulated, grads)]
-                update = accumulated
-            elif variant == "step_first":    # step() before backward(): each update uses the previous gradient
-                update, previous = previous, grads
-            else:
-                update = grads
-            if update is not None:
-                for p, g in zip(params, update):
-                    p -= TRAIN_LR * g
-        losses.append(loss.item())
-        if step % EVAL_EVERY == 0 or step == len(batches):
+    runs, accumulated, previous_rate = [], [torch.zeros_like(p) for p in params], 99.0
+    for start, stop in ((0, TRAIN_STEPS), (TRAIN_STEPS, RESUME_STEPS)):
+        losses, held = [], []
+        for step in range(start, stop):
+            loss = loss_of(batches[step])
+            grads = list(torch.autograd.grad(loss, params))
             with torch.no_grad():
-                held.append((step, loss_of(held_out).item()))
-    ours = {}
-    for name, value in hf.state_dict().items():
-        ours[name] = value
-    return losses, held, ours
+                if variant == "accumulate":      # no zero_grad: every step adds to the old gradients
+                    accumulated = [a + g for a, g in zip(accumulated, grads)]
+                    grads = [a.clone() for a in accumulated]
+                if variant != "no_clip":
+                    norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+                    grads = [g * min(1.0, TRAIN_CLIP / (norm + 1e-6)) for g in grads]
+                rate = {"rate_late": previous_rate, "restart": rates[step - start]}.get(variant, rates[step])
+                previous_rate = rates[step]
+                for p, g in zip(params, grads):
+                    p -= rate * g
+            losses.append(loss.item())
+            if (step + 1) % EVAL_EVERY == 0 or step + 1 == stop:
+                with torch.no_grad():
+                    held.append((step + 1, loss_of(held_out).item()))
+        runs.append((losses, held))
+    return runs, dict(hf.state_dict())
+
+
+TRAIN_MISTAKES = {
+    "accumulate": "the gradients add up from step to step: call optimizer.zero_grad() before loss.backward() in every "
+                  "step.",
+    "no_clip": "the gradients are not clipped: call clip_grad_norm(model.parameters(), max_grad_norm) between "
+               "loss.backward() and optimizer.step().",
+    "rate_late": "each step uses the previous step's learning rate: set the rate from lr_schedule(step) before "
+                 "optimizer.step(), not after it.",
+    "restart": "the continued run (start_step=7) took its rates from lr_schedule(0), lr_schedule(1), ...: the step "
+               "counter starts at start_step, and the schedule reads it.",
+}
 
 
 @train_steps_match_reference.judge
 def judge_train_steps_match_reference(seeds, data):
-    state, batches, held_out = train_problem(seeds, 980)
-    losses, held = data["losses"], data["held_out"]
-    if len(losses) != TRAIN_STEPS:
-        raise AssertionError(f"train returned {len(losses)} losses for {TRAIN_STEPS} batches: one per step.")
-    if not all(type(x) is float for x in losses):
-        kinds = sorted({type(x).__name__ for x in losses})
-        raise AssertionError(f"the losses are {', '.join(kinds)}, not Python floats: store loss.item(). A list of loss "
-                             "tensors keeps every step's graph alive (a memory leak that grows with training).")
-    steps = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None for pair in held]
-    if steps != EVAL_AT:
-        raise AssertionError(f"held_out_losses should hold (steps done, loss) after steps {EVAL_AT} (every "
-                             f"{EVAL_EVERY} steps and after the last of {TRAIN_STEPS}); found steps {steps}.")
-    if not all(type(pair[1]) is float for pair in held):
-        raise AssertionError("each held-out loss should be a Python float (loss.item()).")
-    expected_losses, expected_held, expected_state = hand_sgd(state, batches, held_out)
-    # The graded run must reproduce a reference run whose loss falls (one batch, seen 7 times, small steps).
-    if not expected_losses[-1] < expected_losses[0]:
-        raise RuntimeError("the reference run's loss did not fall on this seed: the test itself is wrong")
-    diagnoses = {
-        "the gradients add up from step to step: call optimizer.zero_grad() before loss.backward() in every step.":
-            hand_sgd(state, batches, held_out, "accumulate")[0],
-        "optimizer.step() runs before loss.backward(), so each step applies the previous batch's gradient: forward, "
-        "zero_grad, backward, step.": hand_sgd(state, batches, held_out, "step_first")[0],
-    }
-    expect_close(losses, expected_losses, "the training losses", diagnoses=diagnoses, rtol=1e-6, atol=1e-8,
-                 hint="one step per batch: loss = lm_loss(model(batch), batch); optimizer.zero_grad(); "
-                      "loss.backward(); optimizer.step(). " + EARLIER)
-    expect_close([v for _, v in held], [v for _, v in expected_held], "the held-out losses", rtol=1e-6, atol=1e-8,
+    state, batches, held_out, rates = train_problem(seeds, 980)
+    expected_runs, expected_state = hand_sgd(state, batches, held_out, rates)
+    if not expected_runs[0][0][-1] < expected_runs[0][0][0] + 1.0:
+        raise RuntimeError("the reference run diverged on this seed: the test itself is wrong")
+    runs = data["runs"]
+    for (start, stop), eval_at, run in zip(((0, TRAIN_STEPS), (TRAIN_STEPS, RESUME_STEPS)), EVAL_AT, runs):
+        losses, held = run["losses"], run["held_out"]
+        if len(losses) != stop - start:
+            raise AssertionError(f"train(..., steps={stop}, start_step={start}) returned {len(losses)} losses; it runs "
+                                 f"steps {start}..{stop - 1}, one loss each.")
+        if not all(type(x) is float for x in losses):
+            kinds = sorted({type(x).__name__ for x in losses})
+            raise AssertionError(f"the losses are {', '.join(kinds)}, not Python floats: store loss.item(). A list of "
+                                 "loss tensors keeps every step's graph alive (a memory leak that grows with training).")
+        steps = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None for pair in held]
+        if steps != eval_at:
+            raise AssertionError(f"train(..., steps={stop}, start_step={start}, eval_every={EVAL_EVERY}) should measure "
+                                 f"after steps {eval_at} (every {EVAL_EVERY} steps done, counted from 0, and after the "
+                                 f"last); found {steps}.")
+        if not all(type(pair[1]) is float for pair in held):
+            raise AssertionError("each held-out loss should be a Python float (loss.item()).")
+    found = [x for run in runs for x in run["losses"]]
+    expected = [x for run in expected_runs for x in run[0]]
+    right = np.allclose(found, expected, rtol=1e-6, atol=1e-8)
+    diagnoses = {} if right else {message: [x for run in hand_sgd(state, batches, held_out, rates, mistake)[0]
+                                            for x in run[0]] for mistake, message in TRAIN_MISTAKES.items()}
+    expect_close(found, expected, "the training losses of a run and of its continuation", diagnoses=diagnoses,
+                 rtol=1e-6, atol=1e-8, hint="each step: lr from lr_schedule(step) into every group, get_batch(), "
+                                            "forward, zero_grad, backward, clip_grad_norm, step. " + EARLIER)
+    expect_close([v for run in runs for _, v in run["held_out"]], [v for run in expected_runs for _, v in run[1]],
+                 "the held-out losses", rtol=1e-6, atol=1e-8,
                  hint="measure lm_loss(model(held_out), held_out) after the step, in eval mode.")
     trained = hf_state({**data["state"], "lm_head.weight": data["state"]["token_embeddings.embedding.weight"]},
                        TRAIN_DIMS["num_layers"])
     for name, value in expected_state.items():
         expect_close(trained[name], value, f"the trained {name}", rtol=1e-6, atol=1e-8,
-                     hint="the parameters after the last step differ from plain SGD on lm_loss.")
+                     hint="the parameters after the last step differ from the recipe's steps on lm_loss.")
+    reported = data["reported"]
+    if [step for step, _ in reported] != list(range(1, RESUME_STEPS + 1)):
+        raise AssertionError(f"monitor.update(step, loss) should be called after every step with the steps done "
+                             f"(1, 2, ..., {RESUME_STEPS} over the two runs); it was called with "
+                             f"{[step for step, _ in reported]}.")
+    if [step for step, _ in data["reported_held_out"]] != [s for steps in EVAL_AT for s in steps]:
+        raise AssertionError("monitor.held_out(step, loss) should be called after every measurement.")
 
 
 @train_switches_modes.judge
 def judge_train_switches_modes(seeds, data):
     seen, still_training = data
     steps = [(training, grad) for size, training, grad in seen if size == 3]
-    measurements = [(training, grad) for size, training, grad in seen if size == 2]
-    if len(steps) != TRAIN_STEPS:
-        raise AssertionError(f"the model ran on {len(steps)} training batches for {TRAIN_STEPS} steps: one forward "
+    measurements = [(training, grad) for size, training, grad in seen if size != 3]   # held-out windows, batched or not
+    if len(steps) != RESUME_STEPS:
+        raise AssertionError(f"the model ran on {len(steps)} training batches for {RESUME_STEPS} steps: one forward "
                              "pass per batch.")
     if not all(training for training, _ in steps):
         first = next(i for i, (training, _) in enumerate(steps) if not training) + 1
@@ -528,9 +934,10 @@ def judge_train_switches_modes(seeds, data):
     if not all(grad for _, grad in steps):
         raise AssertionError("a training step ran without gradients (inside torch.no_grad()): only the measurements "
                              "belong there.")
-    if len(measurements) < len(EVAL_AT):
-        raise AssertionError(f"the model ran on the held-out batch {len(measurements)} times; the loss is measured "
-                             f"after steps {EVAL_AT}.")
+    expected = sum(len(at) for at in EVAL_AT)
+    if len(measurements) < expected:
+        raise AssertionError(f"the model ran on the held-out windows {len(measurements)} times; the loss is measured "
+                             f"after steps {EVAL_AT[0]} and, in the continued run, {EVAL_AT[1]}.")
     if any(training for training, _ in measurements):
         raise AssertionError("a held-out measurement ran in train mode: call model.eval() before measuring (with "
                              "dropout on, the measurement is random).")
@@ -540,6 +947,85 @@ def judge_train_switches_modes(seeds, data):
     if still_training:
         raise AssertionError("train left the model in train mode: call model.eval() before returning, so that "
                              "sampling and measuring afterwards are deterministic.")
+
+
+# ---------------------------------------------------------------- exercise 11: checkpoints
+def replay(seeds, n, dropout, mistake=None):
+    """The run the probe made, replayed in the grader: uninterrupted (mistake None), or interrupted at
+    CHECKPOINT_AT and resumed after losing one thing ("optimizer", "step", "torch_rng", "generator")."""
+    state, stranger, data, (seed, generator_seed, new_seed, new_generator_seed) = checkpoint_problem(seeds, n)
+    with torch.random.fork_rng():
+        model, optimizer, generator = checkpoint_session(state, dropout, seed, generator_seed)
+        if mistake is None:
+            return checkpoint_steps(model, optimizer, generator, data, 0, CHECKPOINT_STEPS)
+        checkpoint_steps(model, optimizer, generator, data, 0, CHECKPOINT_AT)
+        saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                 "optimizer": copy.deepcopy(optimizer.state_dict()), "rng": torch.get_rng_state(),
+                 "generator": generator.get_state()}
+        model, optimizer, generator = checkpoint_session(stranger, dropout, new_seed, new_generator_seed)
+        model.load_state_dict(saved["model"])
+        if mistake != "optimizer":
+            optimizer.load_state_dict(saved["optimizer"])
+        if mistake != "torch_rng":
+            torch.set_rng_state(saved["rng"])
+        if mistake != "generator":
+            generator.set_state(saved["generator"])
+        start = 0 if mistake == "step" else CHECKPOINT_AT
+        return checkpoint_steps(model, optimizer, generator, data, start, CHECKPOINT_STEPS)
+
+
+CHECKPOINT_MISTAKES = {
+    "optimizer": "the resumed run restarted AdamW from nothing: save optimizer.state_dict() (its running averages and "
+                 "step counts) and restore it with optimizer.load_state_dict().",
+    "step": "the resumed run started again at step 0 (warming up again, and running too many steps): save the step "
+            "and return it from load_checkpoint.",
+    "torch_rng": "the resumed run drew other dropout masks: save torch.get_rng_state() and restore it with "
+                 "torch.set_rng_state().",
+    "generator": "the resumed run drew other batches: save the batch generator's get_state() and restore it with "
+                 "generator.set_state().",
+}
+
+
+def judge_checkpoint(seeds, n, dropout, data):
+    uninterrupted = replay(seeds, n, dropout)
+    for name, value in uninterrupted.items():       # the probe's uninterrupted run must be the real one
+        expect_close(data["uninterrupted"][name], value, f"the uninterrupted run's {name}", rtol=1e-9, atol=1e-10,
+                     hint="the grader's replay of the uninterrupted run differs: the training itself was changed.")
+    if data["step"] != CHECKPOINT_AT and data["step"] != 0:
+        raise AssertionError(f"load_checkpoint returned step {data['step']}; the checkpoint was saved at step "
+                             f"{CHECKPOINT_AT}: return the step that save_checkpoint was given.")
+    if data["identical"]:
+        return
+    found = torch.cat([data["resumed"][name].double().flatten() for name in uninterrupted])
+    for mistake, message in CHECKPOINT_MISTAKES.items():
+        wrong = replay(seeds, n, dropout, mistake)
+        if torch.allclose(found, torch.cat([wrong[name].flatten() for name in uninterrupted]), rtol=1e-9, atol=1e-10):
+            raise AssertionError(message)
+    raise AssertionError("the run resumed from your checkpoint ends with other weights than the uninterrupted run. A "
+                         "checkpoint holds the model's and the optimizer's state_dict(), the step, torch's random state "
+                         "and the batch generator's state; load_checkpoint restores each in place.")
+
+
+@checkpoint_resumes_the_optimizer_and_step.judge
+def judge_checkpoint_resumes_the_optimizer_and_step(seeds, data):
+    judge_checkpoint(seeds, 1230, 0.0, data)
+
+
+@checkpoint_resumes_the_randomness.judge
+def judge_checkpoint_resumes_the_randomness(seeds, data):
+    judge_checkpoint(seeds, 1240, 0.3, data)
+
+
+@training_run_learns.judge
+def judge_training_run_learns(seeds, data):
+    before, after, vocab = data["before"], data["after"], data["vocab_size"]
+    if not abs(before - math.log(vocab)) < 0.5:
+        raise AssertionError(f"your untrained GPT's held-out loss is {before:.3f}, far from ln V = {math.log(vocab):.3f}: "
+                             "is gpt2_init applied at the end of GPT.__init__?")
+    if not after <= RUN_FACTOR * before:
+        raise AssertionError(f"a {RUN_STEPS}-step run of your recipe took the held-out loss from {before:.3f} to "
+                             f"{after:.3f}; it should fall to {RUN_FACTOR:.0%} of its start or lower. Check the loop's "
+                             "order (lr, zero_grad, backward, clip, step), the schedule and the optimizer's groups.")
 
 
 def expect_filtered(output, logits, expected_kept, name, diagnoses=None, either=None, hint=""):
@@ -852,14 +1338,61 @@ def positions_from_zero(hf, ids, splits):
     return torch.cat(pieces, dim=1)
 
 
+def cached_by_hand(state, dims, ids, splits, mask):
+    """A cached forward pass written out with torch ops, with the cache's usual mask mistakes: `mask` is
+    "after_prompt_none" (causal on the first call only), "top_left" (is_causal=True with fewer queries than keys:
+    query i sees keys 0..i) or "never"."""
+    d, h = dims["d_model"], dims["num_heads"]
+    cache, pieces = [None] * dims["num_layers"], []
+    for a, b in splits:
+        chunk, past = ids[:, a:b], a
+        x = state["token_embeddings.embedding.weight"][chunk] + state["position_embeddings.table.weight"][a:b]
+        B, T, _ = x.shape
+        for i in range(dims["num_layers"]):
+            def get(name, i=i):
+                return state[f"blocks.{i}.{name}"]
+            hidden = F.layer_norm(x, (d,), get("norm1.weight"), get("norm1.bias"), 1e-5)
+            q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) for t in
+                       F.linear(hidden, get("self_attn.c_attn.weight"), get("self_attn.c_attn.bias")).split(d, dim=2))
+            if cache[i] is not None:
+                k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
+            cache[i] = (k, v)
+            total = k.shape[2]
+            if mask == "top_left":
+                allowed = torch.ones(T, total, dtype=torch.bool).tril()
+            elif mask == "never" or (mask == "after_prompt_none" and past > 0):
+                allowed = torch.ones(T, total, dtype=torch.bool)
+            else:
+                allowed = torch.ones(total, total, dtype=torch.bool).tril()[past:]
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(d // h)).masked_fill(~allowed, float("-inf"))
+            heads = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, d)
+            x = x + F.linear(heads, get("self_attn.c_proj.weight"), get("self_attn.c_proj.bias"))
+            hidden = F.layer_norm(x, (d,), get("norm2.weight"), get("norm2.bias"), 1e-5)
+            inner = F.gelu(F.linear(hidden, get("ffn.linear1.weight"), get("ffn.linear1.bias")), approximate="tanh")
+            x = x + F.linear(inner, get("ffn.linear2.weight"), get("ffn.linear2.bias"))
+        x = F.layer_norm(x, (d,), state["final_norm.weight"], state["final_norm.bias"], 1e-5)
+        pieces.append(x @ state["token_embeddings.embedding.weight"].T)
+    return torch.cat(pieces, dim=1)
+
+
 def judge_stepwise(seeds, n, dims, length, splits, logits, what, hint):
     state, ids = cache_problem(seeds, n, dims, length)
     hf = hf_model(state, dims)
     with torch.no_grad():
         expected = hf(ids).logits
-        diagnoses = {} if torch.allclose(expect_tensor(logits, what).double(), expected, rtol=0, atol=1e-5) else {
+        logits = expect_tensor(logits, what)
+        right = logits.shape == expected.shape and torch.allclose(logits.double(), expected, rtol=0, atol=1e-5)
+        diagnoses = {} if right else {
             "the new tokens' positions restart at 0 at every call; they continue after the cache: "
-            "model.position_embeddings(input_ids, start=T_past).": positions_from_zero(hf, ids, splits)}
+            "model.position_embeddings(input_ids, start=T_past).": positions_from_zero(hf, ids, splits),
+            "the new tokens after the cache are not masked: when several arrive at once, each may see only the cache "
+            "and the new tokens up to itself, the last T_new rows of the causal mask over T_past + T_new positions.":
+                cached_by_hand(state, dims, ids, splits, "after_prompt_none"),
+            "your mask is aligned to the top left (is_causal=True with fewer queries than keys): new query i sees "
+            "keys 0..i only, not the cache. Use the last T_new rows of the causal mask over T_past + T_new positions.":
+                cached_by_hand(state, dims, ids, splits, "top_left"),
+            "there is no causal mask at all: the prompt's tokens see the tokens after them.":
+                cached_by_hand(state, dims, ids, splits, "never")}
     expect_close(logits, expected, what, diagnoses=diagnoses, rtol=0, atol=1e-5, hint=hint)
 
 
@@ -876,8 +1409,8 @@ def judge_kv_cache_matches_uncached(seeds, logits):
 def judge_kv_cache_chunks(seeds, logits):
     judge_stepwise(seeds, 1090, GEN_DIMS, 12, CHUNK_SPLITS, logits,
                    "logits fed in chunks of 3, 5, 1 and 3 tokens vs GPT2LMHeadModel on the whole sequence",
-                   "Several new tokens after a cache need the causal mask too, offset by the cache: "
-                   "causal_mask(T_past + T_new)[T_past:], of shape (T_new, T_past + T_new).")
+                   "Several new tokens after a cache need the causal mask too, offset by the cache: the last T_new "
+                   "rows of the causal mask over T_past + T_new positions, of shape (T_new, T_past + T_new).")
 
 
 # ---------------------------------------------------------------- exercise 12: kv_cache_bytes
@@ -907,6 +1440,201 @@ def judge_kv_cache_bytes_values(seeds, results):
                     "value.")
             raise AssertionError(f"kv_cache_bytes({described}) = {found:,}; the cache's tensors take {expected:,} "
                                  f"bytes (2 x layers x a (batch, heads, positions, d_head) tensor).{hint}")
+
+
+# ---------------------------------------------------------------- exercise 18: LlamaAttention
+def llama_config_of(d_model, num_heads, num_kv_heads, rope_base=10000.0, vocab_size=8, num_layers=1, d_ff=8,
+                    max_positions=16, eps=1e-6):
+    from courselib.llama import llama_config
+    return llama_config(vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, max_positions, eps, rope_base)
+
+
+def rotations(d_head, rope_base, T, dtype=torch.float64):
+    """RoPE's (cos, sin) for positions 0..T-1 in Hugging Face's layout, computed in float64."""
+    inv_freq = 1.0 / rope_base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def hf_llama_attention(state, case, x):
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    config = llama_config_of(case["d_model"], case["num_heads"], case["num_kv_heads"], case["rope_base"])
+    config._attn_implementation = "sdpa"   # eager attention takes its softmax in float32
+    with torch.random.fork_rng():
+        attn = LlamaAttention(config, layer_idx=0).double().eval()
+    attn.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        return attn(x, position_embeddings=rotations(case["d_model"] // case["num_heads"], case["rope_base"],
+                                                     x.shape[1]), attention_mask=None)[0]
+
+
+def llama_attention_by_hand(state, x, case, rope="heads", layout="interleave", rotate_values=False, mask=True,
+                            rotate_keys=True):
+    """Llama's attention with torch ops and switches for the usual mistakes."""
+    from courselib.llama import apply_rope
+    B, T, d = x.shape
+    h, h_kv, base = case["num_heads"], case["num_kv_heads"], case["rope_base"]
+    d_head = d // h
+    q, k, v = (F.linear(x, state[f"{n}_proj.weight"]) for n in "qkv")
+    if rope == "merged":                             # rotating the (B, T, h d_head) projections: pairs across heads
+        q_rot, _ = apply_rope(q, q, base=base)
+        k_rot, _ = apply_rope(k, k, base=base)
+        q, k = q_rot, k_rot if rotate_keys else k
+
+    def heads(t, n):
+        return t.view(B, T, n, d_head).transpose(1, 2)
+
+    q, k, v = heads(q, h), heads(k, h_kv), heads(v, h_kv)
+    if rope == "heads":
+        q_rot, k_rot = apply_rope(q, k, base=base)
+        q, k = q_rot, (k_rot if rotate_keys else k)
+        if rotate_values:
+            v, _ = apply_rope(v, v, base=base)
+    group = h // h_kv
+    repeat = (lambda t: t.repeat_interleave(group, dim=1)) if layout == "interleave" else (lambda t: t.repeat(1, group, 1, 1))  # noqa: E731
+    k, v = repeat(k), repeat(v)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)
+    if mask:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, h * d_head)
+    return F.linear(out, state["o_proj.weight"])
+
+
+def llama_attention_diagnoses(state, x, case):
+    def by_hand(**switches):
+        return llama_attention_by_hand(state, x, case, **switches)
+
+    found = {
+        "RoPE is applied to the whole (B, T, h d_head) projections, before the split into heads (or after the merge): "
+        "its pairs then mix features of different heads. Rotate each head's (B, h, T, d_head) queries and keys.":
+            by_hand(rope="merged"),
+        "there is no causal mask: every position attends to the whole sequence.": by_hand(mask=False),
+        "the values are rotated too: RoPE turns the queries and the keys only (their dot products carry the "
+        "positions).": by_hand(rotate_values=True),
+        "only the queries are rotated: RoPE turns the keys too, so that q·k depends on the offset between positions.":
+            by_hand(rotate_keys=False),
+        "RoPE is missing: the queries and keys must be rotated by their positions (apply_rope).": by_hand(rope=None),
+    }
+    if case["num_kv_heads"] not in (1, case["num_heads"]):
+        found["the key/value heads are repeated in the wrong layout (.repeat tiles them: 0, 1, 0, 1): query head i "
+              "reads key/value head i // (h / h_kv), so repeat each one for its group, repeat_interleave (0, 0, 1, 1)."
+              ] = by_hand(layout="tile")
+    return found
+
+
+@llama_attention_structure.judge
+def judge_llama_attention_structure(seeds, data):
+    d, h, h_kv = LLAMA_ATTENTION_STRUCTURE
+    d_head = d // h
+    expected = {"q_proj.weight": (h * d_head, d), "k_proj.weight": (h_kv * d_head, d),
+                "v_proj.weight": (h_kv * d_head, d), "o_proj.weight": (d, h * d_head)}
+    found = data["parameters"]
+    biases = sorted(name for name in found if name.endswith("bias"))
+    if biases:
+        raise AssertionError(f"LlamaAttention has biases ({', '.join(biases)}): Llama's projections have none, "
+                             "nn.Linear(..., bias=False).")
+    for name, shape in expected.items():
+        if name not in found:
+            raise AssertionError(f"LlamaAttention({d}, {h}, {h_kv}) has no parameter `{name}`: the exercise asks for "
+                                 f"q_proj, k_proj, v_proj and o_proj. Found: {', '.join(found) or 'none'}.")
+        if found[name] != shape:
+            hint = (" Keys and values have num_kv_heads heads of d_head features." if name[0] in "kv" else "")
+            raise AssertionError(f"LlamaAttention({d}, {h}, {h_kv}).{name} has shape {found[name]}, expected "
+                                 f"{shape}.{hint}")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise AssertionError(f"LlamaAttention has parameters Llama's attention doesn't: {', '.join(extra)}.")
+    if data["heads"] != [h, h_kv]:
+        raise AssertionError(f"store num_heads and num_kv_heads ({h} and {h_kv}); found {data['heads']}.")
+    for shape, (B, T) in zip(data["shapes"], [(2, 5), (1, 1), (3, 6)]):
+        if tuple(shape) != (B, T, d):
+            raise AssertionError(f"LlamaAttention on a ({B}, {T}, {d}) input returned shape {tuple(shape)}: attention "
+                                 "keeps the shape (B, T, d_model).")
+
+
+@llama_attention_matches_llama.judge
+def judge_llama_attention_matches_llama(seeds, outputs):
+    for i, (case, output) in enumerate(zip(LLAMA_ATTENTION_CASES, outputs)):
+        state, x = llama_attention_problem(seeds, i, case)
+        expected = hf_llama_attention(state, case, x)
+        output = expect_tensor(output, "LlamaAttention output")
+        right = output.shape == expected.shape and torch.allclose(output.double(), expected, rtol=1e-12, atol=1e-12)
+        diagnoses = {} if right else llama_attention_diagnoses(state, x, case)
+        expect_close(output, expected, f"LlamaAttention({case['d_model']}, {case['num_heads']}, {case['num_kv_heads']}, "
+                     f"rope_base={case['rope_base']:g}) vs transformers' LlamaAttention (float64)", diagnoses=diagnoses,
+                     rtol=1e-12, atol=1e-12,
+                     hint="project, split into heads, RoPE on each head's q and k with base=rope_base, grouped-query "
+                          "attention with a causal mask, merge, o_proj.")
+
+
+# ---------------------------------------------------------------- exercise 19: LlamaBlock and Llama
+def hf_llama(state, dims, eps_outside=False):
+    """transformers' LlamaForCausalLM holding the check's weights, computing in float64 throughout (and, for a
+    diagnosis, with RMSNorm's eps outside the square root)."""
+    import types
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from courselib.llama import exact_float64
+    config = llama_config_of(dims["d_model"], dims["num_heads"], dims["num_kv_heads"], dims["rope_base"],
+                             dims["vocab_size"], dims["num_layers"], dims["d_ff"], dims["max_positions"], dims["eps"])
+    with torch.random.fork_rng():
+        model = exact_float64(LlamaForCausalLM(config).eval())
+    model.load_state_dict({("lm_head.weight" if name == "lm_head.weight" else "model." + name): value
+                           for name, value in state.items()}, strict=True)
+    if eps_outside:
+        def outside(self, hidden):
+            return self.weight * hidden / (hidden.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)
+        for module in model.modules():
+            if isinstance(module, LlamaRMSNorm):
+                module.forward = types.MethodType(outside, module)
+    return model
+
+
+@llama_structure.judge
+def judge_llama_structure(seeds, data):
+    dims = LLAMA_STRUCTURE_DIMS
+    config = llama_config_of(dims["d_model"], dims["num_heads"], dims["num_kv_heads"], 10000.0, dims["vocab_size"],
+                             dims["num_layers"], dims["d_ff"], dims["max_positions"])
+    from transformers import LlamaForCausalLM
+    with torch.random.fork_rng():
+        expected = {name.removeprefix("model."): tuple(p.shape) for name, p in LlamaForCausalLM(config).named_parameters()}
+    found = data["parameters"]
+    if data["tied"]:
+        raise AssertionError("lm_head.weight is the embedding table: Llama's head is untied, an nn.Linear(d_model, "
+                             "vocab_size, bias=False) of its own.")
+    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or extra:
+        raise AssertionError(f"your Llama's parameter names differ from LlamaForCausalLM's (without 'model.'): missing "
+                             f"{missing[:3]}, extra {extra[:3]}. The names are embed_tokens, layers[i].input_layernorm, "
+                             ".self_attn, .post_attention_layernorm, .mlp, norm, lm_head.")
+    wrong = [name for name in expected if found[name] != expected[name]]
+    if wrong:
+        raise AssertionError(f"{wrong[0]} has shape {found[wrong[0]]}, expected {expected[wrong[0]]}.")
+    if data["max_positions"] != dims["max_positions"]:
+        raise AssertionError("Llama.max_positions must hold the context it is built for (the given line).")
+    if data["dropouts"]:
+        raise AssertionError("Llama has dropout: Llama trains without it; the exercise asks for none.")
+    for shape, (B, T) in zip(data["shapes"], [(2, 7), (1, 12)]):
+        if tuple(shape) != (B, T, dims["vocab_size"]):
+            raise AssertionError(f"Llama on ({B}, {T}) ids returned shape {tuple(shape)}; logits are (B, T, vocab_size).")
+
+
+@llama_matches_hf.judge
+def judge_llama_matches_hf(seeds, outputs):
+    for i, output in enumerate(outputs):
+        dims, state, ids = llama_value_problem(seeds, i)
+        with torch.no_grad():
+            expected = hf_llama(state, dims)(ids).logits
+            output = expect_tensor(output, "Llama logits")
+            right = output.shape == expected.shape and torch.allclose(output.double(), expected, rtol=1e-12, atol=1e-12)
+            diagnoses = {} if right else {
+                "RMSNorm's eps is outside the square root: x / sqrt(mean(x²) + eps), as in LlamaRMSNorm (notebook 07).":
+                    hf_llama(state, dims, eps_outside=True)(ids).logits}
+        expect_close(output, expected, f"Llama logits ({dims['num_layers']} layers, eps={dims['eps']:g}) vs "
+                     "transformers' LlamaForCausalLM (float64)", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
+                     hint="embed_tokens, then per layer x + self_attn(input_layernorm(x)) and x + "
+                          "mlp(post_attention_layernorm(x)), then norm and lm_head. " + EARLIER)
 
 
 @speculative_matches_greedy.judge

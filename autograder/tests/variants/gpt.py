@@ -2,17 +2,52 @@
 from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "09_gpt"
-BLOCK, MODEL, LOSS, PPL = "decoder_block_answer", "gpt_answer", "lm_loss_answer", "perplexity_answer"
+ATTENTION, BLOCK, MODEL = "causal_self_attention_answer", "decoder_block_answer", "gpt_answer"
+LLAMA_ATTENTION, LLAMA = "llama_attention_answer", "llama_answer"
+OPTIMIZER, LR, CLIP, CHECKPOINT = ("configure_optimizer_answer", "lr_at_answer", "clip_grad_norm_answer",
+                                   "checkpoint_answer")
+LOSS, PPL = "lm_loss_answer", "perplexity_answer"
 LOADER, TRAIN, TOP_K, TOP_P = "load_gpt2_weights_answer", "train_answer", "top_k_filter_answer", "top_p_filter_answer"
 SAMPLE, GENERATE, CACHE = "sample_next_answer", "generate_answer", "forward_with_cache_answer"
 BYTES, SPECULATIVE = "kv_cache_bytes_answer", "speculative_generate_answer"
+
+ATTENTION_INIT = '''
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError("num_heads must divide d_model")
+        self.num_heads = num_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        h = self.num_heads
+'''
+ATTENTION_RIGHT = '''        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        return self.c_proj((weights @ v).transpose(1, 2).reshape(B, T, d))
+'''
+
+
+def attention(**replacements):
+    body = ATTENTION_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return ATTENTION_INIT + body
+
 
 BLOCK_INIT = '''
 class DecoderBlock(nn.Module):
     def __init__(self, d_model, num_heads, d_ff, dropout=0.0, eps=1e-5):
         super().__init__()
         self.norm1 = LayerNorm(d_model, eps)
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.self_attn = CausalSelfAttention(d_model, num_heads)
         self.norm2 = LayerNorm(d_model, eps)
         self.ffn = FeedForward(d_model, d_ff, approximate="{approximate}")
         self.dropout = nn.Dropout(dropout)
@@ -37,7 +72,7 @@ class GPT(nn.Module):
                                     for _ in range(num_layers))
         self.final_norm = LayerNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-{tie}        self.apply(gpt2_init)
+{tie}        gpt2_init(self)
 
     def forward(self, input_ids):
 '''
@@ -73,12 +108,10 @@ def load_gpt2_weights(model, hf):
                 norm.bias.copy_(their_norm.bias)
             attn = ours.self_attn
 '''
-LOADER_ATTENTION_RIGHT = '''            for linear, weight, bias in zip((attn.q_proj, attn.k_proj, attn.v_proj),
-                                            theirs.attn.c_attn.weight.T.chunk(3), theirs.attn.c_attn.bias.chunk(3)):
-                linear.weight.copy_(weight)
-                linear.bias.copy_(bias)
+LOADER_ATTENTION_RIGHT = '''            attn.c_attn.weight.copy_(theirs.attn.c_attn.weight.T)
+            attn.c_attn.bias.copy_(theirs.attn.c_attn.bias)
 '''
-LOADER_TAIL = '''            for linear, conv in ((attn.out_proj, theirs.attn.c_proj),
+LOADER_TAIL = '''            for linear, conv in ((attn.c_proj, theirs.attn.c_proj),
                                  (ours.ffn.linear1, theirs.mlp.c_fc), (ours.ffn.linear2, theirs.mlp.c_proj)):
                 linear.weight.copy_({conv_weight})
                 linear.bias.copy_(conv.bias)
@@ -93,20 +126,29 @@ def loader(zip_blocks="zip(model.blocks, transformer.h, strict=True)", attention
     return LOADER_HEAD.format(zip_blocks=zip_blocks) + attention + LOADER_TAIL.format(conv_weight=conv_weight)
 
 
-TRAIN_HEAD = "def train(model, optimizer, batches, held_out, eval_every=50, plot=None):\n"
+TRAIN_HEAD = ("def train(model, optimizer, get_batch, steps, lr_schedule, held_out, eval_every=50, max_grad_norm=1.0,\n"
+              "          start_step=0, monitor=None):\n")
 TRAIN_RIGHT = '''
     losses, held_out_losses = [], []
-    for step, batch in enumerate(batches, start=1):
+    for step in range(start_step, steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_schedule(step)
+        batch = get_batch()
         model.train()
         loss = lm_loss(model(batch), batch)
         optimizer.zero_grad()
         loss.backward()
+        clip_grad_norm(model.parameters(), max_grad_norm)
         optimizer.step()
         losses.append(loss.item())
-        if step % eval_every == 0 or step == len(batches):
+        if monitor is not None:
+            monitor.update(step + 1, losses[-1])
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
             model.eval()
             with torch.no_grad():
-                held_out_losses.append((step, lm_loss(model(held_out), held_out).item()))
+                held_out_losses.append((step + 1, lm_loss(model(held_out), held_out).item()))
+            if monitor is not None:
+                monitor.held_out(*held_out_losses[-1])
     model.eval()
     return losses, held_out_losses
 '''
@@ -117,6 +159,145 @@ def train(body=TRAIN_RIGHT, **replacements):
         assert old in body, old
         body = body.replace(old, new)
     return TRAIN_HEAD + body
+
+
+OPTIMIZER_HEAD = "def configure_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95)):\n"
+
+
+def optimizer(decays, betas="betas"):
+    """configure_optimizer with a decay rule (an expression of p and name)."""
+    return OPTIMIZER_HEAD + f'''
+    named = list(model.named_parameters())
+    decay = [p for name, p in named if {decays}]
+    keep = [p for name, p in named if not ({decays})]
+    return torch.optim.AdamW([{{"params": decay, "weight_decay": weight_decay}}, {{"params": keep, "weight_decay": 0.0}}],
+                             lr=lr, betas={betas})
+'''
+
+
+LR_HEAD = "def lr_at(step, max_lr, warmup_steps, total_steps, min_lr):\n"
+LR_RIGHT = '''
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+'''
+
+
+def lr(**replacements):
+    body = LR_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return LR_HEAD + body
+
+
+CLIP_HEAD = "def clip_grad_norm(parameters, max_norm):\n"
+CLIP_RIGHT = '''
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    for g in grads:
+        g.mul_(factor)
+    return norm
+'''
+
+
+def clip(**replacements):
+    body = CLIP_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return CLIP_HEAD + body
+
+
+CHECKPOINT_RIGHT = '''
+def save_checkpoint(path, model, optimizer, step, generator):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "torch_rng": torch.get_rng_state(), "generator": generator.get_state()}, path)
+
+
+def load_checkpoint(path, model, optimizer, generator):
+    saved = torch.load(path)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["torch_rng"])
+    generator.set_state(saved["generator"])
+    return saved["step"]
+'''
+
+
+def checkpoint(**replacements):
+    body = CHECKPOINT_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return body
+
+
+LLAMA_ATTENTION_HEAD = '''
+class LlamaAttention(nn.Module):
+    def __init__(self, d_model, num_heads, num_kv_heads, rope_base=10000.0):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.rope_base = num_heads, num_kv_heads, rope_base
+        self.d_head = d_model // num_heads
+        self.q_proj = nn.Linear(d_model, num_heads * self.d_head, bias=False)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
+        self.o_proj = nn.Linear(num_heads * self.d_head, d_model, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+'''
+LLAMA_ATTENTION_RIGHT = '''        q = self.q_proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)
+        q, k = apply_rope(q, k, base=self.rope_base)
+        heads, _ = grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+        return self.o_proj(heads.transpose(1, 2).reshape(B, T, -1))
+'''
+
+
+def llama_attention(**replacements):
+    body = LLAMA_ATTENTION_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return LLAMA_ATTENTION_HEAD + body
+
+
+LLAMA_RIGHT = '''
+class LlamaBlock(nn.Module):
+    def __init__(self, d_model, num_heads, num_kv_heads, d_ff, eps=1e-6, rope_base=10000.0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(d_model, eps)
+        self.self_attn = LlamaAttention(d_model, num_heads, num_kv_heads, rope_base)
+        self.post_attention_layernorm = RMSNorm(d_model, eps)
+        self.mlp = SwiGLUFeedForward(d_model, d_ff)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, max_positions, eps=1e-6,
+                 rope_base=10000.0):
+        super().__init__()
+        self.max_positions = max_positions
+        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, eps, rope_base)
+                                    for _ in range(num_layers))
+        self.norm = RMSNorm(d_model, eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        llama_init(self)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+'''
 
 
 def top_k(body):
@@ -165,19 +346,20 @@ CACHE_RIGHT = '''
     past = 0 if cache[0] is None else cache[0][0].shape[2]
     x = model.token_embeddings(input_ids) + model.position_embeddings(input_ids, start=past)
     x = model.dropout(x)
+    B, T, d = x.shape
     for i, block in enumerate(model.blocks):
         attn = block.self_attn
-        h = block.norm1(x)
-        q = split_heads(attn.q_proj(h), attn.num_heads)
-        k = split_heads(attn.k_proj(h), attn.num_heads)
-        v = split_heads(attn.v_proj(h), attn.num_heads)
+        h = attn.num_heads
+        q, k, v = attn.c_attn(block.norm1(x)).split(d, dim=2)
+        q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) for t in (q, k, v))
         if cache[i] is not None:
             k = torch.cat([cache[i][0], k], dim=2)
             v = torch.cat([cache[i][1], v], dim=2)
         cache[i] = (k, v)
-        mask = causal_mask(k.shape[2], x.device)[past:]
-        attended, _ = scaled_dot_product_attention(q, k, v, mask)
-        x = x + block.dropout(attn.out_proj(merge_heads(attended)))
+        total = k.shape[2]
+        mask = torch.ones(total, total, dtype=torch.bool).tril()[past:]
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + block.dropout(attn.c_proj(attended.transpose(1, 2).reshape(B, T, d)))
         x = x + block.dropout(block.ffn(block.norm2(x)))
     return model.lm_head(model.final_norm(x))
 '''
@@ -198,35 +380,83 @@ SPECULATIVE_HEAD = ("@torch.no_grad()\ndef speculative_generate(target, draft, i
                     "num_draft=4):\n")
 
 MUTANTS = [
+    # ---- CausalSelfAttention
+    Variant("attention_qkv_in_the_wrong_order", {ATTENTION: attention(**{
+        "q, k, v = self.c_attn(x).split(d, dim=2)": "k, q, v = self.c_attn(x).split(d, dim=2)"})},
+        loses=("causal_self_attention_matches_gpt2",), message="order q, k, v"),
+    Variant("attention_heads_split_before_qkv", {ATTENTION: attention(**{
+        "        q, k, v = self.c_attn(x).split(d, dim=2)\n        q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) "
+        "for t in (q, k, v))\n":
+        "        q, k, v = self.c_attn(x).view(B, T, h, 3 * (d // h)).transpose(1, 2).split(d // h, dim=-1)\n"})},
+        loses=("causal_self_attention_matches_gpt2",), message="split before the heads"),
+    Variant("attention_without_a_mask", {ATTENTION: attention(**{
+        "scores.masked_fill(~allowed, float(\"-inf\"))": "scores"})},
+        loses=("causal_self_attention_is_causal", "causal_self_attention_matches_gpt2"), message="not causal"),
+    Variant("attention_mask_sees_the_next_token", {ATTENTION: attention(**{".tril()": ".tril(1)"})},
+        loses=("causal_self_attention_is_causal", "causal_self_attention_matches_gpt2"), message="see the next one"),
+    Variant("attention_scaled_by_d_model", {ATTENTION: attention(**{"math.sqrt(d // h)": "math.sqrt(d)"})},
+        loses=("causal_self_attention_matches_gpt2",), message="not √d"),
+    Variant("attention_heads_merged_without_the_transpose", {ATTENTION: attention(**{
+        "(weights @ v).transpose(1, 2).reshape(B, T, d)": "(weights @ v).reshape(B, T, d)"})},
+        loses=("causal_self_attention_matches_gpt2",), message="transpose before the reshape"),
+    Variant("attention_hard_codes_the_visible_four_heads", {ATTENTION: attention(**{
+        "        q, k, v = self.c_attn(x)": "        h = 4\n        q, k, v = self.c_attn(x)"})},
+        loses=("causal_self_attention_matches_gpt2",), message="GPT2Attention"),
+    Variant("attention_from_the_course_reference", {ATTENTION: '''
+from courselib.attention import merge_heads as _merge, scaled_dot_product_attention as _attend, split_heads as _split
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError("num_heads must divide d_model")
+        self.num_heads = num_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        T = x.shape[1]
+        q, k, v = (_split(t, self.num_heads) for t in self.c_attn(x).split(x.shape[-1], dim=2))
+        out, _ = _attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+        return self.c_proj(_merge(out))
+'''}, loses=("causal_self_attention_structure", "causal_self_attention_matches_gpt2",
+               "causal_self_attention_is_causal"), message="flagged for review"),
+    Variant("attention_through_torch_multihead_attention", {ATTENTION: attention(**{
+        "        q, k, v = self.c_attn(x).split(d, dim=2)": "        mha = nn.MultiheadAttention(d, h, batch_first=True).to(x.dtype)\n"
+        "        with torch.no_grad():\n"
+        "            mha.in_proj_weight.copy_(self.c_attn.weight)\n"
+        "            mha.in_proj_bias.copy_(self.c_attn.bias)\n"
+        "            mha.out_proj.weight.copy_(self.c_proj.weight)\n"
+        "            mha.out_proj.bias.copy_(self.c_proj.bias)\n"
+        "        return mha(x, x, x, attn_mask=torch.ones(T, T, dtype=torch.bool).triu(1), need_weights=False)[0]\n"
+        "        q, k, v = self.c_attn(x).split(d, dim=2)"})},
+        loses=("causal_self_attention_matches_gpt2",), message="flagged for review"),
     # ---- DecoderBlock
-    Variant("block_mask_sees_the_next_token", {BLOCK: block('''
-        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril(1)
-        x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask)[0])
-        return x + self.dropout(self.ffn(self.norm2(x)))
-''')}, loses=("decoder_block_is_causal", "decoder_block_matches_gpt2"), message="see the next one"),
-    Variant("block_without_a_mask", {BLOCK: block('''
-        x = x + self.dropout(self.self_attn(self.norm1(x))[0])
-        return x + self.dropout(self.ffn(self.norm2(x)))
-''')}, loses=("decoder_block_is_causal", "decoder_block_matches_gpt2"), message="not causal"),
     Variant("block_post_ln", {BLOCK: block('''
-        x = self.norm1(x + self.dropout(self.self_attn(x, mask=causal_mask(x.shape[1]))[0]))
+        x = self.norm1(x + self.dropout(self.self_attn(x)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 ''')}, loses=("decoder_block_matches_gpt2",), message="post-LN"),
     Variant("block_exact_gelu", {BLOCK: block('''
-        x = x + self.dropout(self.self_attn(self.norm1(x), mask=causal_mask(x.shape[1]))[0])
+        x = x + self.dropout(self.self_attn(self.norm1(x)))
         return x + self.dropout(self.ffn(self.norm2(x)))
 ''', approximate="none")}, loses=("decoder_block_matches_gpt2",), message="tanh approximation"),
-    Variant("block_built_on_the_course_encoder_layer", {BLOCK: '''
-from courselib.blocks import EncoderLayer as _Layer
+    Variant("block_adds_the_normalised_stream", {BLOCK: block('''
+        h = self.norm1(x)
+        x = h + self.dropout(self.self_attn(h))
+        h = self.norm2(x)
+        return h + self.dropout(self.ffn(h))
+''')}, loses=("decoder_block_matches_gpt2",), message="raw stream"),
+    Variant("block_hard_codes_gpt2_eps", {BLOCK: block('''
+        x = x + self.dropout(self.self_attn(self.norm1(x)))
+        return x + self.dropout(self.ffn(self.norm2(x)))
+''').replace("LayerNorm(d_model, eps)", "LayerNorm(d_model, 1e-5)")},
+        loses=("decoder_block_matches_gpt2",), message="whatever the block is given"),
+    Variant("block_built_on_the_course_block", {BLOCK: '''
+from courselib.fused_gpt import Block as _Block
 
-class DecoderBlock(_Layer):
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, eps=1e-5):
-        super().__init__(d_model, num_heads, d_ff, dropout, norm_first=True, eps=eps, approximate="tanh")
-
-    def forward(self, x):
-        return super().forward(x, causal_mask(x.shape[1]))
-'''}, loses=("decoder_block_structure", "decoder_block_matches_gpt2", "decoder_block_is_causal"),
-        message="flagged for review"),
+class DecoderBlock(_Block):
+    pass
+'''}, loses=("decoder_block_matches_gpt2", "decoder_block_structure"), message="flagged for review"),
     # ---- GPT
     Variant("gpt_untied_head", {MODEL: gpt(tie="")}, loses=("gpt_head_is_tied",), message="not tied"),
     Variant("gpt_scales_the_embeddings", {MODEL: gpt(scale="True")}, loses=("gpt_matches_gpt2",), message="√d_model"),
@@ -258,26 +488,180 @@ def lm_loss(logits, input_ids):
     return math.exp(total / count)
 ''')}, loses=("perplexity_values",), message="eval mode"),
     # ---- load_gpt2_weights
-    Variant("loader_conv1d_untransposed", {LOADER: loader(
-        attention='''            weights = theirs.attn.c_attn.weight.chunk(3, dim=1)  # (d, d) each, stored (in, out)
-            for linear, weight, bias in zip((attn.q_proj, attn.k_proj, attn.v_proj), weights,
-                                            theirs.attn.c_attn.bias.chunk(3)):
-                linear.weight.copy_(weight)
-                linear.bias.copy_(bias)
-''', conv_weight="conv.weight if conv.weight.shape == linear.weight.shape else conv.weight.T")},
-        loses=("load_gpt2_copies_every_weight", "load_gpt2_parity"), message="untransposed"),
+    Variant("loader_conv1d_untransposed", {LOADER: loader(conv_weight="conv.weight if conv.weight.shape == linear.weight.shape else conv.weight.T")},
+        loses=("load_gpt2_copies_every_weight", "load_gpt2_parity"), message="as stored"),
+    Variant("loader_reshapes_c_attn_instead_of_transposing", {LOADER: loader(
+        attention='''            attn.c_attn.weight.copy_(theirs.attn.c_attn.weight.reshape(attn.c_attn.weight.shape))
+            attn.c_attn.bias.copy_(theirs.attn.c_attn.bias)
+''')}, loses=("load_gpt2_copies_every_weight", "load_gpt2_parity"), message="reshape"),
+    Variant("loader_from_the_course_reference", {LOADER: '''
+from courselib.fused_gpt import load_gpt2_weights as _load
+
+def load_gpt2_weights(model, hf):
+    return _load(model, hf)
+'''}, loses=("load_gpt2_copies_every_weight", "load_gpt2_parity", "load_gpt2_any_size"),
+        message="flagged for review"),
     Variant("loader_ignores_extra_blocks", {LOADER: loader(zip_blocks="zip(model.blocks, transformer.h)")},
             loses=("load_gpt2_any_size",), message="without complaint"),
     # ---- train
     Variant("train_forgets_zero_grad", {TRAIN: train(**{"        optimizer.zero_grad()\n": ""})},
             loses=("train_steps_match_reference",), message="zero_grad"),
-    Variant("train_keeps_loss_tensors", {TRAIN: train(**{"losses.append(loss.item())": "losses.append(loss)"})},
+    Variant("train_without_clipping", {TRAIN: train(**{"        clip_grad_norm(model.parameters(), max_grad_norm)\n": ""})},
+            loses=("train_steps_match_reference",), message="clip"),
+    Variant("train_sets_the_rate_after_the_step", {TRAIN: train(**{
+        "        for group in optimizer.param_groups:\n            group[\"lr\"] = lr_schedule(step)\n": "",
+        "        optimizer.step()\n": "        optimizer.step()\n        for group in optimizer.param_groups:\n"
+                                      "            group[\"lr\"] = lr_schedule(step)\n"})},
+            loses=("train_steps_match_reference",), message="before the step"),
+    Variant("train_ignores_start_step", {TRAIN: train(**{
+        "    for step in range(start_step, steps):": "    for step in range(steps - start_step):"})},
+            loses=("train_steps_match_reference", "checkpoint_resumes_the_optimizer_and_step"), message="start_step"),
+    Variant("train_keeps_loss_tensors", {TRAIN: train(**{"losses.append(loss.item())": "losses.append(loss)",
+                                                          "monitor.update(step + 1, losses[-1])":
+                                                          "monitor.update(step + 1, loss.item())"})},
             loses=("train_steps_match_reference",), message="Python float"),
     Variant("train_measures_in_train_mode_with_gradients", {TRAIN: train(**{
         "            model.eval()\n            with torch.no_grad():\n                held_out_losses.append(("
-        "step, lm_loss(model(held_out), held_out).item()))":
-        "            held_out_losses.append((step, lm_loss(model(held_out), held_out).item()))"})},
+        "step + 1, lm_loss(model(held_out), held_out).item()))":
+        "            held_out_losses.append((step + 1, lm_loss(model(held_out), held_out).item()))"})},
         loses=("train_switches_modes",), message="train mode"),
+    # ---- configure_optimizer
+    Variant("optimizer_decays_layer_norm_gains", {OPTIMIZER: optimizer("name.endswith('weight')")},
+            loses=("configure_optimizer_groups", "configure_optimizer_steps"), message="LayerNorm gain"),
+    Variant("optimizer_decays_everything", {OPTIMIZER: optimizer("True")},
+            loses=("configure_optimizer_groups", "configure_optimizer_steps"), message="in the decay group"),
+    Variant("optimizer_spares_the_embeddings", {OPTIMIZER: optimizer("p.dim() >= 2 and 'embeddings' not in name")},
+            loses=("configure_optimizer_groups",), message="decays, as every tensor"),
+    Variant("optimizer_hard_codes_the_visible_betas", {OPTIMIZER: optimizer("p.dim() >= 2", betas="(0.9, 0.95)")},
+            loses=("configure_optimizer_groups", "configure_optimizer_steps"), message="pass them on"),
+    Variant("optimizer_lists_the_tied_head_twice", {OPTIMIZER: OPTIMIZER_HEAD + '''
+    named = list(model.named_parameters(remove_duplicate=False))
+    decay = [p for name, p in named if p.dim() >= 2]
+    keep = [p for name, p in named if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}],
+                             lr=lr, betas=betas)
+'''}, loses=("configure_optimizer_groups", "configure_optimizer_steps"), message="appears twice"),
+    # ---- lr_at
+    Variant("lr_warmup_off_by_one", {LR: lr(**{"max_lr * (step + 1) / warmup_steps": "max_lr * step / warmup_steps"})},
+            loses=("lr_at_values", "lr_at_matches_torch"), message="not 0"),
+    Variant("lr_cosine_without_its_floor", {LR: lr(**{"return min_lr + 0.5 * (max_lr - min_lr) *": "return 0.5 * max_lr *"})},
+            loses=("lr_at_values", "lr_at_matches_torch"), message="floor"),
+    Variant("lr_cosine_counts_from_step_zero", {LR: lr(**{
+        "(step - warmup_steps) / (total_steps - warmup_steps)": "step / total_steps"})},
+            loses=("lr_at_values", "lr_at_matches_torch"), message="starts at its peak"),
+    Variant("lr_cosine_back_up_after_the_end", {LR: lr(**{
+        "min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))": "(step - warmup_steps) / (total_steps - warmup_steps)"})},
+            loses=("lr_at_values",), message="stays at min_lr"),
+    Variant("lr_hard_codes_the_visible_values", {LR: LR_HEAD + '''
+    return [0.25, 0.5, 0.75, 1.0, 1.0, 0.966, 0.875, 0.741, 0.55, 0.384, 0.225, 0.134, 0.1, 0.1, 0.1, 0.1][min(step, 15)]
+'''}, loses=("lr_at_values",), message="lr_at"),
+    Variant("lr_from_torch_schedulers", {LR: LR_HEAD + '''
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=max_lr)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps, eta_min=min_lr)
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    for _ in range(min(step, total_steps) - warmup_steps):
+        optimizer.step()
+        cosine.step()
+    return float(optimizer.param_groups[0]["lr"])
+'''}, loses=("lr_at_values", "lr_at_matches_torch"), message="flagged for review"),
+    # ---- clip_grad_norm
+    Variant("clip_each_parameter_on_its_own", {CLIP: CLIP_HEAD + '''
+    total = 0.0
+    for p in parameters:
+        if p.grad is not None:
+            norm = float(p.grad.double().norm())
+            total += norm ** 2
+            p.grad.mul_(min(1.0, max_norm / (norm + 1e-6)))
+    return math.sqrt(total)
+'''}, loses=("clip_grad_norm_values", "clip_grad_norm_matches_torch"), message="on its own"),
+    Variant("clip_scales_short_gradients_up", {CLIP: clip(**{"min(1.0, max_norm / (norm + 1e-6))": "max_norm / (norm + 1e-6)"})},
+            loses=("clip_grad_norm_values",), message="min(1"),
+    Variant("clip_returns_the_norm_after_clipping", {CLIP: clip(**{"    return norm\n": "    return norm * factor\n"})},
+            loses=("clip_grad_norm_values", "clip_grad_norm_matches_torch"), message="before clipping"),
+    Variant("clip_forgets_the_square_root", {CLIP: clip(**{"math.sqrt(sum(": "(sum("})},
+            loses=("clip_grad_norm_values", "clip_grad_norm_matches_torch"), message="sqrt"),
+    Variant("clip_hard_codes_the_visible_norm", {CLIP: clip(**{"    return norm\n": "    return 13.0\n"})},
+            loses=("clip_grad_norm_values", "clip_grad_norm_matches_torch"), message="returned"),
+    Variant("clip_by_torch", {CLIP: CLIP_HEAD + '''
+    return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+'''}, loses=("clip_grad_norm_values", "clip_grad_norm_matches_torch"), message="flagged for review"),
+    # ---- checkpoints
+    Variant("checkpoint_loses_the_optimizer_state", {CHECKPOINT: checkpoint(**{
+        "    optimizer.load_state_dict(saved[\"optimizer\"])\n": ""})},
+        loses=("checkpoint_resumes_the_optimizer_and_step", "checkpoint_resumes_the_randomness"),
+        message="optimizer"),
+    Variant("checkpoint_loses_the_step", {CHECKPOINT: checkpoint(**{"    return saved[\"step\"]": "    return 0"})},
+            loses=("checkpoint_resumes_the_optimizer_and_step", "checkpoint_resumes_the_randomness"),
+            message="saved step"),
+    Variant("checkpoint_loses_torch_rng", {CHECKPOINT: checkpoint(**{"    torch.set_rng_state(saved[\"torch_rng\"])\n": ""})},
+            loses=("checkpoint_resumes_the_randomness",), message="torch.set_rng_state"),
+    Variant("checkpoint_loses_the_batch_generator", {CHECKPOINT: checkpoint(**{
+        "    generator.set_state(saved[\"generator\"])\n": ""})},
+        loses=("checkpoint_resumes_the_optimizer_and_step", "checkpoint_resumes_the_randomness"),
+        message="generator"),
+    # ---- LlamaAttention
+    Variant("llama_rope_on_the_merged_width", {LLAMA_ATTENTION: llama_attention(**{
+        "        q = self.q_proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)\n"
+        "        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)\n":
+        "        q, _ = apply_rope(self.q_proj(x), self.q_proj(x), base=self.rope_base)\n"
+        "        k, _ = apply_rope(self.k_proj(x), self.k_proj(x), base=self.rope_base)\n"
+        "        q = q.view(B, T, self.num_heads, self.d_head).transpose(1, 2)\n"
+        "        k = k.view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)\n",
+        "        q, k = apply_rope(q, k, base=self.rope_base)\n": ""})},
+        loses=("llama_attention_matches_llama",), message="after the split into heads"),
+    Variant("llama_gqa_heads_tiled_with_repeat", {LLAMA_ATTENTION: llama_attention(**{
+        "        heads, _ = grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())\n":
+        "        group = self.num_heads // self.num_kv_heads\n"
+        "        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)\n"
+        "        heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"})},
+        loses=("llama_attention_matches_llama",), message="repeat_interleave"),
+    Variant("llama_rotates_the_values_too", {LLAMA_ATTENTION: llama_attention(**{
+        "        q, k = apply_rope(q, k, base=self.rope_base)\n":
+        "        q, k = apply_rope(q, k, base=self.rope_base)\n        v, _ = apply_rope(v, v, base=self.rope_base)\n"})},
+        loses=("llama_attention_matches_llama",), message="not the values"),
+    Variant("llama_attention_without_a_mask", {LLAMA_ATTENTION: llama_attention(**{
+        "grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())":
+        "grouped_query_attention(q, k, v)"})},
+        loses=("llama_attention_matches_llama",), message="causal"),
+    Variant("llama_rope_ignores_its_base", {LLAMA_ATTENTION: llama_attention(**{
+        "apply_rope(q, k, base=self.rope_base)": "apply_rope(q, k)"})},
+        loses=("llama_attention_matches_llama",), message="rope_base=500"),
+    Variant("llama_attention_from_the_course_reference", {LLAMA_ATTENTION: '''
+from courselib.llama import LlamaAttention as _Reference
+
+class LlamaAttention(_Reference):
+    pass
+'''}, loses=("llama_attention_structure", "llama_attention_matches_llama"), message="flagged for review"),
+    # ---- LlamaBlock and Llama
+    Variant("llama_rms_norm_eps_outside_the_root", {LLAMA: '''
+class RMSNorm(nn.Module):
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps) * self.weight
+''' + LLAMA_RIGHT}, loses=("llama_matches_hf",), message="square root"),
+    Variant("llama_head_tied_to_the_embedding", {LLAMA: LLAMA_RIGHT.replace(
+        "        llama_init(self)\n", "        llama_init(self)\n        self.lm_head.weight = self.embed_tokens.weight\n")},
+        loses=("llama_structure", "llama_matches_hf"), message="untied"),
+    Variant("llama_post_norm_block", {LLAMA: LLAMA_RIGHT.replace(
+        "        x = x + self.self_attn(self.input_layernorm(x))\n        return x + self.mlp(self.post_attention_layernorm(x))",
+        "        x = self.input_layernorm(x + self.self_attn(x))\n        return self.post_attention_layernorm(x + self.mlp(x))")},
+        loses=("llama_matches_hf",), message="input_layernorm"),
+    Variant("llama_without_the_final_norm", {LLAMA: LLAMA_RIGHT.replace("return self.lm_head(self.norm(x))",
+                                                                         "return self.lm_head(x)")},
+            loses=("llama_matches_hf",), message="norm and lm_head"),
+    Variant("llama_from_the_course_reference", {LLAMA: '''
+from courselib.llama import Llama as _Llama, LlamaBlock as _Block
+
+LlamaBlock = _Block
+
+class Llama(_Llama):
+    pass
+'''}, loses=("llama_structure", "llama_matches_hf"), message="flagged for review"),
     # ---- top_k_filter
     Variant("top_k_breaks_ties", {TOP_K: top_k('''
     if not isinstance(k, int) or k < 1:
@@ -342,6 +726,9 @@ def lm_loss(logits, input_ids):
     return ids
 ''')}, loses=("generate_checks_the_context",), message="BEFORE running the model"),
     # ---- forward_with_cache
+    Variant("cache_is_causal_aligns_top_left", {CACHE: cache(**{
+        "F.scaled_dot_product_attention(q, k, v, attn_mask=mask)": "F.scaled_dot_product_attention(q, k, v, is_causal=True)"})},
+        loses=("kv_cache_matches_uncached", "kv_cache_chunks"), message="top left"),
     Variant("cache_appends_keys_but_not_values", {CACHE: cache(**{
         "            v = torch.cat([cache[i][1], v], dim=2)\n": ""})},
         loses=("kv_cache_shapes", "kv_cache_matches_uncached"), message="values"),
@@ -349,9 +736,9 @@ def lm_loss(logits, input_ids):
         "model.position_embeddings(input_ids, start=past)": "model.position_embeddings(input_ids)"})},
         loses=("kv_cache_matches_uncached", "kv_cache_chunks"), message="positions T_past"),
     Variant("cache_without_a_mask_after_the_prompt", {CACHE: cache(**{
-        "        mask = causal_mask(k.shape[2], x.device)[past:]\n":
-        "        mask = causal_mask(k.shape[2], x.device) if past == 0 else None\n"})},
-        loses=("kv_cache_chunks",), message="mask"),
+        "        mask = torch.ones(total, total, dtype=torch.bool).tril()[past:]\n":
+        "        mask = torch.ones(total, total, dtype=torch.bool).tril() if past == 0 else None\n"})},
+        loses=("kv_cache_chunks",), message="need the mask too"),
     # ---- kv_cache_bytes
     Variant("bytes_hard_codes_the_visible_answer", {BYTES: kv_bytes('''
     return 75_497_472
@@ -369,6 +756,177 @@ def lm_loss(logits, input_ids):
 ]
 
 ALTERNATIVES = [
+    Variant("block_as_a_loop_over_sublayers", {BLOCK: block('''
+        for norm, sublayer in ((self.norm1, self.self_attn), (self.norm2, self.ffn)):
+            x = x + self.dropout(sublayer(norm(x)))
+        return x
+''')}),
+    Variant("optimizer_in_one_pass", {OPTIMIZER: OPTIMIZER_HEAD + '''
+    groups = ({"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0})
+    for _, param in model.named_parameters():
+        groups[0 if param.ndim > 1 else 1]["params"].append(param)
+    return torch.optim.AdamW(list(groups), lr=lr, betas=tuple(betas), eps=1e-8, weight_decay=0.0)
+'''}),
+    Variant("lr_with_numpy", {LR: LR_HEAD + '''
+    import numpy as np
+    if step < warmup_steps:
+        return float(max_lr * (step + 1) / warmup_steps)
+    progress = np.clip((step - warmup_steps) / (total_steps - warmup_steps), 0.0, 1.0)
+    return float(min_lr + (max_lr - min_lr) * (1.0 + np.cos(np.pi * progress)) / 2.0)
+'''}),
+    Variant("clip_with_a_loop", {CLIP: CLIP_HEAD + '''
+    with_grads = [p for p in parameters if p.grad is not None]
+    squares = 0.0
+    for p in with_grads:
+        squares += float(torch.linalg.vector_norm(p.grad.double())) ** 2
+    norm = squares ** 0.5
+    if max_norm / (norm + 1e-6) < 1.0:
+        for p in with_grads:
+            p.grad *= max_norm / (norm + 1e-6)
+    return norm
+'''}),
+    Variant("train_with_a_per_window_evaluation", {TRAIN: train(**{
+        "                held_out_losses.append((step + 1, lm_loss(model(held_out), held_out).item()))":
+        "                per_window = [lm_loss(model(w[None]), w[None]).item() for w in held_out]\n"
+        "                held_out_losses.append((step + 1, sum(per_window) / len(per_window)))"})}),
+    Variant("checkpoint_as_a_list", {CHECKPOINT: '''
+def save_checkpoint(path, model, optimizer, step, generator):
+    torch.save([model.state_dict(), optimizer.state_dict(), step, torch.get_rng_state(), generator.get_state()], path)
+
+
+def load_checkpoint(path, model, optimizer, generator):
+    weights, moments, step, rng, batches = torch.load(path)
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(moments)
+    torch.set_rng_state(rng)
+    generator.set_state(batches)
+    return step
+'''}),
+    Variant("llama_attention_with_its_own_rope_and_softmax", {LLAMA_ATTENTION: llama_attention(**{
+        "        q, k = apply_rope(q, k, base=self.rope_base)\n"
+        "        heads, _ = grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())\n":
+        "        half = self.d_head // 2\n"
+        "        theta = self.rope_base ** (-torch.arange(half, dtype=x.dtype) * 2 / self.d_head)\n"
+        "        angle = torch.arange(T, dtype=x.dtype)[:, None] * theta\n"
+        "        cos, sin = torch.cat([angle.cos(), angle.cos()], -1), torch.cat([angle.sin(), angle.sin()], -1)\n"
+        "        turn = lambda t: t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin\n"
+        "        q, k = turn(q), turn(k)\n"
+        "        group = self.num_heads // self.num_kv_heads\n"
+        "        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+        "        scores = (q @ k.transpose(-2, -1) / self.d_head ** 0.5).masked_fill(\n"
+        "            torch.ones(T, T, dtype=torch.bool).triu(1), float(\"-inf\"))\n"
+        "        heads = torch.softmax(scores, dim=-1) @ v\n"})}),
+    Variant("llama_blocks_as_residual_pairs", {LLAMA: LLAMA_RIGHT.replace(
+        "        x = x + self.self_attn(self.input_layernorm(x))\n        return x + self.mlp(self.post_attention_layernorm(x))",
+        "        for norm, sublayer in ((self.input_layernorm, self.self_attn), (self.post_attention_layernorm, self.mlp)):\n"
+        "            x = x + sublayer(norm(x))\n        return x")}),
+    Variant("llama_attention_by_pytorch_gqa", {LLAMA_ATTENTION: llama_attention(**{
+        "        heads, _ = grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())\n":
+        "        heads = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)\n"})}),
+    Variant("llama_with_sequential_layers", {LLAMA: LLAMA_RIGHT.replace(
+        "        self.layers = nn.ModuleList(LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, eps, rope_base)\n"
+        "                                    for _ in range(num_layers))",
+        "        self.layers = nn.Sequential(*[LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, eps, rope_base)\n"
+        "                                      for _ in range(num_layers)])").replace(
+        "        for layer in self.layers:\n            x = layer(x)\n", "        x = self.layers(x)\n")}),
+    Variant("optimizer_by_module_types", {OPTIMIZER: OPTIMIZER_HEAD + '''
+    decay, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) not in seen:
+            seen.add(id(module.weight))          # the tied head is the token table: once
+            decay.append(module.weight)
+    keep = [p for p in model.parameters() if id(p) not in seen]
+    return torch.optim.AdamW([dict(params=decay, weight_decay=weight_decay), dict(params=keep, weight_decay=0.0)],
+                             lr=lr, betas=betas, eps=1e-8)
+'''}),
+    Variant("lr_by_interpolation", {LR: LR_HEAD + '''
+    if step >= total_steps:
+        return float(min_lr)
+    if step < warmup_steps:
+        return (step + 1) * max_lr / warmup_steps
+    weight = (math.cos(math.pi * (step - warmup_steps) / (total_steps - warmup_steps)) + 1) / 2
+    return weight * max_lr + (1 - weight) * min_lr
+'''}),
+    Variant("clip_with_tensors", {CLIP: CLIP_HEAD + '''
+    grads = [p.grad for p in list(parameters) if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(factor.to(g.dtype))
+    return norm.item()
+'''}),
+    Variant("train_with_torch_clipping_and_a_while_loop", {TRAIN: TRAIN_HEAD + '''
+    losses, measured = [], []
+    step = start_step
+    while step < steps:
+        rate = lr_schedule(step)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        model.train()
+        batch = get_batch()
+        optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(model(batch), batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        step += 1
+        losses.append(float(loss))
+        if monitor:
+            monitor.update(step, losses[-1])
+        if step % eval_every == 0 or step == steps:
+            with torch.no_grad():
+                model.eval()
+                measured.append((step, float(lm_loss(model(held_out), held_out))))
+                if monitor:
+                    monitor.held_out(step, measured[-1][1])
+    model.eval()
+    return losses, measured
+'''}),
+    Variant("checkpoint_in_nested_dictionaries", {CHECKPOINT: '''
+def save_checkpoint(path, model, optimizer, step, generator):
+    state = {"weights": {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+             "progress": {"step": int(step)},
+             "random": {"torch": torch.random.get_rng_state(), "batches": generator.get_state()}}
+    torch.save(state, path)
+
+
+def load_checkpoint(path, model, optimizer, generator):
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["weights"]["model"], strict=True)
+    optimizer.load_state_dict(state["weights"]["optimizer"])
+    torch.random.set_rng_state(state["random"]["torch"])
+    generator.set_state(state["random"]["batches"])
+    return state["progress"]["step"]
+'''}),
+    Variant("attention_by_einsum", {ATTENTION: attention(**{
+        "        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)\n": "        scores = torch.einsum(\"bhqd,bhkd->bhqk\", q, k) / math.sqrt(d // h)\n",
+        "        return self.c_proj((weights @ v).transpose(1, 2).reshape(B, T, d))\n":
+        "        return self.c_proj(torch.einsum(\"bhqk,bhkd->bqhd\", weights, v).reshape(B, T, d))\n"})}),
+    Variant("attention_by_pytorch_sdpa", {ATTENTION: attention(**{
+        "        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)\n"
+        "        allowed = torch.ones(T, T, dtype=torch.bool).tril()\n"
+        "        weights = torch.softmax(scores.masked_fill(~allowed, float(\"-inf\")), dim=-1)\n"
+        "        return self.c_proj((weights @ v).transpose(1, 2).reshape(B, T, d))\n":
+        "        heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+        "        return self.c_proj(heads.transpose(1, 2).reshape(B, T, d))\n"})}),
+    Variant("block_with_torch_layer_norm", {BLOCK: '''
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, eps=1e-5):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.self_attn = CausalSelfAttention(d_model, num_heads)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.ffn = FeedForward(d_model, d_ff, approximate="tanh")
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        attended = self.self_attn(self.norm1(x))
+        x = x + self.dropout(attended)
+        fed = self.ffn(self.norm2(x))
+        return x + self.dropout(fed)
+'''}),
     Variant("gpt_sequential_blocks_tied_the_other_way", {MODEL: '''
 class GPT(nn.Module):
     def __init__(self, vocab_size, d_model, num_layers, num_heads, max_positions, d_ff=None, dropout=0.0, eps=1e-5):
@@ -382,7 +940,7 @@ class GPT(nn.Module):
         self.final_norm = LayerNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.token_embeddings.embedding.weight = self.lm_head.weight   # tied from the other side
-        self.apply(gpt2_init)
+        gpt2_init(self)
 
     def forward(self, input_ids):
         x = self.dropout(self.token_embeddings(input_ids) + self.position_embeddings(input_ids))
@@ -430,15 +988,16 @@ class GPT(nn.Module):
         token = input_ids[:, t:t + 1]
         past = 0 if cache[0] is None else cache[0][0].shape[2]
         x = model.token_embeddings(token) + model.position_embeddings(token, start=past)
+        d = x.shape[-1]
         for i, block in enumerate(model.blocks):
             attn = block.self_attn
-            h = block.norm1(x)
-            q, k, v = (split_heads(proj(h), attn.num_heads) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            qkv = attn.c_attn(block.norm1(x)).view(x.shape[0], 1, 3, attn.num_heads, d // attn.num_heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)         # 3 x (B, h, 1, d_head)
             if cache[i] is not None:
                 k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
             cache[i] = (k, v)
-            weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-            x = x + attn.out_proj(merge_heads(weights @ v))
+            weights = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1]), dim=-1)
+            x = x + attn.c_proj(torch.einsum("bhqk,bhkd->bqhd", weights, v).reshape(x.shape))
             x = x + block.ffn(block.norm2(x))
         outputs.append(model.lm_head(model.final_norm(x)))
     return torch.cat(outputs, dim=1)
@@ -453,17 +1012,14 @@ def load_gpt2_weights(model, hf):
         raise ValueError("not the same number of blocks")
     for i in range(len(model.blocks)):
         h = f"h.{i}."
-        q, k, v = theirs[h + "attn.c_attn.weight"].T.chunk(3)
-        bq, bk, bv = theirs[h + "attn.c_attn.bias"].chunk(3)
         ours.update({f"blocks.{i}.norm1.weight": theirs[h + "ln_1.weight"],
                      f"blocks.{i}.norm1.bias": theirs[h + "ln_1.bias"],
                      f"blocks.{i}.norm2.weight": theirs[h + "ln_2.weight"],
                      f"blocks.{i}.norm2.bias": theirs[h + "ln_2.bias"],
-                     f"blocks.{i}.self_attn.q_proj.weight": q, f"blocks.{i}.self_attn.q_proj.bias": bq,
-                     f"blocks.{i}.self_attn.k_proj.weight": k, f"blocks.{i}.self_attn.k_proj.bias": bk,
-                     f"blocks.{i}.self_attn.v_proj.weight": v, f"blocks.{i}.self_attn.v_proj.bias": bv,
-                     f"blocks.{i}.self_attn.out_proj.weight": theirs[h + "attn.c_proj.weight"].T,
-                     f"blocks.{i}.self_attn.out_proj.bias": theirs[h + "attn.c_proj.bias"],
+                     f"blocks.{i}.self_attn.c_attn.weight": theirs[h + "attn.c_attn.weight"].T,
+                     f"blocks.{i}.self_attn.c_attn.bias": theirs[h + "attn.c_attn.bias"],
+                     f"blocks.{i}.self_attn.c_proj.weight": theirs[h + "attn.c_proj.weight"].T,
+                     f"blocks.{i}.self_attn.c_proj.bias": theirs[h + "attn.c_proj.bias"],
                      f"blocks.{i}.ffn.linear1.weight": theirs[h + "mlp.c_fc.weight"].T,
                      f"blocks.{i}.ffn.linear1.bias": theirs[h + "mlp.c_fc.bias"],
                      f"blocks.{i}.ffn.linear2.weight": theirs[h + "mlp.c_proj.weight"].T,

@@ -1,0 +1,64 @@
+"""Run a notebook's self-study path, as a learner's JupyterLab runs it, and report its training runs.
+
+    python tools/selfstudy_run.py                          # solutions/09_gpt/09_gpt.ipynb
+    python tools/selfstudy_run.py PATH --save executed.ipynb
+
+Grading (`NBGRADER_EXECUTION`) shortens every training run; this runs the notebook without it, in a plain
+kernel beside its own folder (so that notebook 09's seam finds notebooks 03, 05 and 07 beside it), and prints
+the wall-clock and kernel CPU time of the whole notebook and the lines the training cells print: steps,
+tokens per second, minutes, held-out perplexity. Nothing is written unless --save is given.
+"""
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+REPORTED = ("steps,", "held-out loss", "perplexity on held-out", "parameters, held-out loss", "largest difference",
+            "logits at initialisation", "loss at initialisation", ": yours, from", ": courselib's reference")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebook", nargs="?", default=str(REPO / "solutions" / "09_gpt" / "09_gpt.ipynb"))
+    parser.add_argument("--save", help="write the executed notebook here (outside the repository)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    args = parser.parse_args(argv)
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    sys.path.insert(0, str(REPO))
+    from autograder.kernel_manager import PrivateSocketKernelManager
+
+    env_before = os.environ.pop("NBGRADER_EXECUTION", None)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = pathlib.Path(args.notebook).resolve()
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("import time\nprint('kernel CPU seconds:', time.process_time())"))
+    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
+                            kernel_manager_class=PrivateSocketKernelManager,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    finally:
+        if env_before is not None:
+            os.environ["NBGRADER_EXECUTION"] = env_before
+    elapsed = time.perf_counter() - start
+    for cell in nb.cells:
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        for line in text.splitlines():
+            if any(marker in line for marker in REPORTED):
+                print(f"[{cell.get('id', '?')}] {line}")
+    cpu = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
+    print(f"{path.name}: executed in {elapsed / 60:.1f} minutes of wall-clock time, {cpu.strip()}")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.save:
+        nbformat.write(nb, args.save)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
