@@ -29,6 +29,7 @@ rebuilt from nothing but this file, with a fixed seed:
     python -m courselib.seq2seq --rebuild [--threads 1]
 """
 import datetime
+import functools
 import json
 import pathlib
 import random
@@ -309,6 +310,88 @@ def exact_match(predictions, targets, eos_id=EOS):
         row = row.tolist()
         return row[:row.index(eos_id) + 1] if eos_id in row else row
     return sum(up_to_eos(p) == up_to_eos(t) for p, t in zip(predictions, targets)) / len(targets)
+
+
+# ---------------------------------------------------------------------------------------- Hugging Face's beam search
+def transformers_beam_search(model, src_ids, beam_width, max_len, length_penalty=1.0, bos_id=BOS, eos_id=EOS,
+                             pad_id=PAD):
+    """Hugging Face's beam search, `generate(num_beams=beam_width)` with its defaults (early_stopping=False), on
+    any model with encode(src_ids) -> memory and decode(tgt_in_ids, memory, src_ids) -> logits, for one source
+    src_ids (1, S). It runs the decoder on the whole prefix at every step (no cache), as the model defines it.
+
+    Returns (tokens, score): the best hypothesis's generated ids, a 1-D tensor without [BOS] ([EOS] included if it
+    finished), and its score, the sum of its log-probabilities / len(tokens) ** length_penalty, in float32 as
+    transformers computes it."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = _generation_model()(model, bos_id, eos_id, pad_id).generate(
+                input_ids=src_ids, num_beams=beam_width, max_length=max_len + 1, length_penalty=length_penalty,
+                early_stopping=False, do_sample=False, num_return_sequences=1, use_cache=False, output_scores=True,
+                return_dict_in_generate=True)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    tokens = out.sequences[0, 1:]
+    if beam_width > 1:
+        return tokens, out.sequences_scores[0].item()
+    # one beam: generate() decodes greedily and reports no sequence score, so score the tokens it chose
+    with torch.no_grad():
+        logits = model.decode(out.sequences[:, :-1], model.encode(src_ids), src_ids)[0]         # (L, V)
+    total = torch.log_softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).sum().item()
+    return tokens, total / len(tokens) ** length_penalty
+
+
+@functools.lru_cache(maxsize=None)
+def _generation_model():
+    """A transformers model class around an encode/decode model, built on first use (importing transformers takes
+    seconds): `generate` reaches the model's encode through get_encoder() and its decode through forward."""
+    import dataclasses
+
+    from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+    from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
+
+    @dataclasses.dataclass
+    class SourceEncoding(ModelOutput):
+        # generate() repeats every tensor of the encoder's output for each beam: the memory and the source ids
+        last_hidden_state: torch.Tensor = None
+        source_ids: torch.Tensor = None
+
+    class Encoder(nn.Module):
+        main_input_name = "input_ids"
+
+        def __init__(self, encode):
+            super().__init__()
+            self.encode = encode
+
+        def forward(self, input_ids=None, **kwargs):
+            return SourceEncoding(last_hidden_state=self.encode(input_ids), source_ids=input_ids)
+
+    class GenerationModel(PreTrainedModel, GenerationMixin):
+        config_class = PretrainedConfig
+        main_input_name = "input_ids"
+
+        def __init__(self, model, bos_id, eos_id, pad_id):
+            super().__init__(PretrainedConfig(is_encoder_decoder=True, decoder_start_token_id=bos_id,
+                                              bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id))
+            self.encoder = Encoder(model.encode)
+            self.decode = model.decode
+            self.anchor = nn.Parameter(torch.zeros(1))   # generate() reads the device from a parameter
+
+        def get_encoder(self):
+            return self.encoder
+
+        def forward(self, decoder_input_ids=None, encoder_outputs=None, **kwargs):
+            logits = self.decode(decoder_input_ids, encoder_outputs.last_hidden_state, encoder_outputs.source_ids)
+            return Seq2SeqLMOutput(logits=logits)
+
+        def prepare_inputs_for_generation(self, input_ids, encoder_outputs=None, **kwargs):
+            return {"decoder_input_ids": input_ids, "encoder_outputs": encoder_outputs}   # the whole prefix
+
+    return GenerationModel
 
 
 # ---------------------------------------------------------------------------------------- training

@@ -1,29 +1,34 @@
 """Hidden checks for 10_encoder_decoder. Each check is one grade cell's hidden part: a probe and a judge.
 
 The probe runs in the student's kernel: it builds the hidden inputs and weights from `seeds`, calls the
-student's code through `call` and returns plain data (outputs, recorded calls, decoded ids, scores). The
-judge runs in the grader: it rebuilds the same inputs and weights from the same seeds and compares with
-independent oracles:
+student's code through `call` and returns plain data (outputs, recorded calls, decoded ids, scores, cache
+shapes). The judge (autograder/judges/encoder_decoder.py) runs in the grader: it rebuilds the same inputs and
+weights from the same seeds and compares with independent oracles:
 - `torch.nn.TransformerDecoderLayer` (post-LN and pre-LN, padding masks on both sides) and
   `torch.nn.Transformer` (encoder, decoder and their final LayerNorms), holding the check's weights in
-  torch's layout (`in_proj_weight` stacks W_Q, W_K, W_V);
-- `torch.nn.functional.cross_entropy(ignore_index=...)` for the teacher-forced loss;
+  torch's layout (`in_proj_weight` stacks W_Q, W_K, W_V); the cached decoder is compared with
+  `torch.nn.Transformer`'s decoder run on the whole prefix;
+- `torch.nn.functional.cross_entropy(ignore_index=..., label_smoothing=...)` for the two losses;
 - for decoding, stand-in models whose next-token scores are a known function of the prefix
-  (`ScriptedModel`): the judge decodes them with its own plain-Python greedy search, beam search and an
+  (`ScriptedModel`, `PrefixModel`): the judge decodes them with its own plain-Python greedy search, with
+  transformers' `generate(num_beams=k)` (through `courselib.seq2seq.transformers_beam_search`) and with an
   exhaustive enumeration of every sequence;
 - transformers' `T5Attention._relative_position_bucket` for the optional stretch exercise.
 
 Every exercise is graded on its own: `EncoderDecoder` is built with the course's reference `DecoderLayer`
-swapped in; the loss, the decoders and `exact_match` get stand-in models and chosen inputs. Only the
-trained model's test (`trained_model_learns`) grades the notebook's own pipeline end to end.
+swapped in; the losses, the decoders and `exact_match` get stand-in models and chosen inputs; the cached
+decoder runs on the course's reference `EncoderDecoder`. Only the trained model's test
+(`trained_model_translates`) grades the notebook's own pipeline end to end.
 
-Seeds come from the grader's per-run token. The one statistical test (`trained_model_learns`) measures a
-mean loss over 256 fresh held-out dates against a threshold far above its spread (see its comment).
+Seeds come from the grader's per-run token. The one statistical test (`trained_model_translates`) measures
+greedy exact match on 256 fresh held-out dates against a threshold far below its spread (see its judge).
 """
 import math
 import sys
+
 import torch
 from torch import nn
+
 from autograder.checks import common
 from autograder.checks.common import call, count, load_weights, probe, submodule
 from courselib import seq2seq as reference
@@ -69,7 +74,28 @@ GREEDY_SHORTCUTS = [COURSE_GREEDY]
 EXACT_MATCH_SHORTCUTS = ["courselib.seq2seq.exact_match"]
 
 
-BEAM_SHORTCUTS = [COURSE_GREEDY]
+HF_GENERATE = "transformers.generation.utils.GenerationMixin.generate.__wrapped__"
+
+
+COURSE_BEAM = "courselib.seq2seq.transformers_beam_search"
+
+
+BEAM_SHORTCUTS = [COURSE_GREEDY, HF_GENERATE, COURSE_BEAM]
+
+
+SMOOTHING_SHORTCUTS = ["torch.nn.functional.cross_entropy"]
+
+
+SMOOTHING_ADVICE = "F.cross_entropy(label_smoothing=...) is the oracle here, not the answer"
+
+
+# the reference model's and layers' own forward passes recompute every position, which the cache is for
+CACHE_SHORTCUTS = ["courselib.seq2seq.EncoderDecoder", "courselib.seq2seq.DecoderLayer", "torch.nn.Transformer",
+                   "torch.nn.TransformerDecoder", "torch.nn.TransformerDecoderLayer"]
+
+
+CACHE_ADVICE = ("compute from the model's submodules: model.decode, model(...) and a layer's forward recompute every "
+                "position, which is what the cache is for")
 
 
 T5_BUCKET = "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket"
@@ -431,17 +457,62 @@ def fingerprint(state):
 
 
 @probe
-def trained_model_learns(seeds, model):
+def trained_model_translates(seeds, model):
     if not isinstance(model, nn.Module):
         raise AssertionError(f"`model` should be your trained EncoderDecoder, but it is a {type(model).__name__}.")
-    src, tgt = reference.batch(held_out_pairs(seeds))
+    src, _ = reference.batch(held_out_pairs(seeds))
     was_training = model.training
     model.eval()
-    try:
-        logits = run(model, src, reference.shift_right(tgt), name="model", forbidden=MODEL_SHORTCUTS)
+    try:   # the course's greedy decoder (the notebook's own comes later) on the learner's model
+        predictions = run(reference.greedy_decode, model, src, reference.TGT_LEN, name="greedy decoding of your model",
+                          forbidden=MODEL_SHORTCUTS)
     finally:
         model.train(was_training)
-    return {"logits": logits.float(), "fingerprint": fingerprint(model.state_dict())}
+    return {"predictions": predictions.long(), "fingerprint": fingerprint(model.state_dict())}
+
+
+# ================================================================ exercise 6: smoothed_cross_entropy
+# (stream, rows, vocabulary, epsilon, ignore_index, rows ignored)
+SMOOTHING_VALUES_CASES = [(10351, 12, 9, 0.1, 0, 2), (10352, 20, 40, 0.25, 0, 5), (10353, 9, 5, 0.0, 0, 1),
+                          (10354, 16, 13, 0.6, 0, 0)]
+
+
+SMOOTHING_PADDING_CASES = [(10361, 14, 11, 0.2, 0, 9), (10362, 10, 6, 0.1, -100, 5), (10363, 12, 7, 0.3, 3, 4)]
+
+
+def smoothing_case(seeds, stream, rows, vocab, epsilon, ignore_index, ignored):
+    """Seeded float64 logits (rows, vocab) and targets (rows,), `ignored` of them set to ignore_index (never as a
+    label otherwise)."""
+    g = seeds.generator(stream)
+    logits = 2.5 * torch.randn(rows, vocab, generator=g, dtype=torch.float64)
+    labels = [label for label in range(vocab) if label != ignore_index]
+    targets = torch.tensor(labels)[torch.randint(0, len(labels), (rows,), generator=g)]
+    targets[torch.randperm(rows, generator=g)[:ignored]] = ignore_index
+    return logits, targets
+
+
+def _smoothing(seeds, smoothed_cross_entropy, cases):
+    losses = []
+    for stream, rows, vocab, epsilon, ignore_index, ignored in cases:
+        logits, targets = smoothing_case(seeds, stream, rows, vocab, epsilon, ignore_index, ignored)
+        loss = call(smoothed_cross_entropy, logits.clone(), targets.clone(), epsilon, ignore_index=ignore_index,
+                    name="smoothed_cross_entropy", forbidden=SMOOTHING_SHORTCUTS, forbidden_advice=SMOOTHING_ADVICE)
+        if type(loss) is not torch.Tensor or loss.numel() != 1:
+            raise AssertionError("smoothed_cross_entropy should return the loss as a one-number tensor, but it returned "
+                                 f"{type(loss).__name__}" + (f" of shape {tuple(loss.shape)}" if torch.is_tensor(loss)
+                                                             else "") + ".")
+        losses.append(loss.detach().reshape(()).double())
+    return losses
+
+
+@probe
+def smoothed_cross_entropy_values(seeds, smoothed_cross_entropy):
+    return _smoothing(seeds, smoothed_cross_entropy, SMOOTHING_VALUES_CASES)
+
+
+@probe
+def smoothed_cross_entropy_ignores_padding(seeds, smoothed_cross_entropy):
+    return _smoothing(seeds, smoothed_cross_entropy, SMOOTHING_PADDING_CASES)
 
 
 # ================================================================ decoding: the stand-in model
@@ -611,13 +682,14 @@ def exact_match_after_eos(seeds, exact_match):
     return [_exact_match(exact_match, p, target) for p in (garbage_after, no_eos, wider)]
 
 
-# ================================================================ exercise 6: beam_search
+# ================================================================ exercise 7: beam_search
 BEAM_VOCAB, BEAM_MAX = 7, 5
 
 
 def _beam(beam_search, model, src, width, max_len, penalty):
     result = call(beam_search, model, src, width, max_len, bos_id=1, eos_id=2, length_penalty=penalty,
-                  name="beam_search", forbidden=BEAM_SHORTCUTS)
+                  name="beam_search", forbidden=BEAM_SHORTCUTS,
+                  forbidden_advice="transformers' generate is the oracle here, not the answer")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError("beam_search must return the pair (tokens, score).")
     tokens, score = result
@@ -651,14 +723,111 @@ def beam_search_width_one_is_greedy(seeds, beam_search):
             for first in WIDTH_ONE_SOURCES]
 
 
-BEAM_CASES = [(3, 2), (4, 3), (5, 4)]   # (source's first token, beam width)
+# (source's first token, beam width, length_penalty, max_len): random scores, compared with transformers' generate
+BEAM_CASES = [(3, 2, 0.0, 5), (4, 3, 1.0, 5), (5, 4, 0.5, 4), (6, 2, 1.0, 3), (7, 3, 2.0, 5)]
 
 
 @probe
 def beam_search_values(seeds, beam_search):
     model = ScriptedModel(*beam_tables(seeds, 10611))
-    return [_beam(beam_search, model, beam_source(first, seeds, 10612 + first), width, BEAM_MAX, 0.0)
-            for first, width in BEAM_CASES]
+    return [_beam(beam_search, model, beam_source(first, seeds, 10612 + first), width, max_len, penalty)
+            for first, width, penalty, max_len in BEAM_CASES]
+
+
+class PrefixModel(nn.Module):
+    """Stands in for a trained EncoderDecoder in the designed beam tests: table[prefix] is the (V,) row of
+    next-token logits after [BOS] + prefix (a tuple of ids); after a prefix the table does not list, [EOS]
+    comes for sure (logit 0, every other token -30). The source is ignored."""
+
+    def __init__(self, table, vocab):
+        super().__init__()
+        self.table = table
+        self.ending = torch.full((vocab,), -30.0, dtype=torch.float64)
+        self.ending[2] = 0.0
+
+    def encode(self, src_ids):
+        return torch.zeros(src_ids.shape[0], src_ids.shape[1], 1, dtype=torch.float64)
+
+    def decode(self, tgt_in_ids, memory, src_ids):
+        B, T = tgt_in_ids.shape
+        logits = self.ending.repeat(B, T, 1)                                  # (B, T, V)
+        for b in range(B):
+            for t in range(T):
+                row = self.table.get(tuple(tgt_in_ids[b, 1:t + 1].tolist()))
+                if row is not None:
+                    logits[b, t] = row
+        return logits
+
+    def forward(self, src_ids, tgt_in_ids):
+        return self.decode(tgt_in_ids, self.encode(src_ids), src_ids)
+
+
+PREFIX_VOCAB = 8   # [PAD] [BOS] [EOS] and the tokens 3..7
+
+
+# Designed cases (the notebook's `refill`, `patient` and `wordy` with max_len 3), probabilities by prefix; the
+# tables below add seeded noise (std 0.03) to every logit, far below the margins they are designed with.
+# REFILL: [EOS] (0.40) finishes at step 1 and 4 (0.25) refills its place; "4 5 [EOS]" (log 0.25 / 3 = -0.46)
+# beats "3 7 [EOS]" (-0.66), which a beam that shrank to one hypothesis returns.
+REFILL = {(): {2: 0.40, 3: 0.35, 4: 0.25}, (3,): {7: 0.4, 6: 0.3, 3: 0.3}, (4,): {5: 1.0}}
+
+
+# PATIENT: after step 2 the finished set ([EOS] -0.69, "3 [EOS]" -0.86) is full and the best live hypothesis,
+# "3 4" (log 0.12 / 2 = -1.06), cannot beat it at its length: stop, and return [EOS]. A search that goes on finds
+# "3 4 4 4 [EOS]" (log 0.12 / 5 = -0.42).
+PATIENT = {(): {2: 0.5, 3: 0.3, 5: 0.2}, (3,): {2: 0.6, 4: 0.4}, (5,): {2: 0.5, 6: 0.5}, (3, 4): {4: 1.0},
+           (3, 4, 4): {4: 1.0}}
+
+
+# TRUNCATED (max_len 3): at the last step "3 5 5" finishes without [EOS] (log 0.245 / 3 = -0.47) and beats [EOS]
+# (log 0.45 = -0.80); a search that lets only [EOS] finish returns [EOS].
+TRUNCATED = {(): {2: 0.45, 3: 0.5, 4: 0.05}, (3,): {5: 0.7, 4: 0.16, 2: 0.14}, (3, 5): {5: 0.7, 4: 0.16, 2: 0.14},
+       (3, 5, 5): {2: 0.7, 4: 0.16, 3: 0.14}}
+
+
+def prefix_model(seeds, stream, spec, vocab=PREFIX_VOCAB):
+    g = seeds.generator(stream)
+    table = {}
+    for prefix, probabilities in spec.items():
+        row = torch.full((vocab,), -30.0, dtype=torch.float64)
+        for token, p in probabilities.items():
+            row[token] = math.log(p)
+        table[prefix] = row + 0.03 * torch.randn(vocab, generator=g, dtype=torch.float64)
+    return PrefixModel(table, vocab)
+
+
+# SPARE (length_penalty 0): [EOS] (0.30) is only the third extension of step 1, so a beam of 2 does not finish it
+# (transformers keeps it as a spare); "3 5 [EOS]" (log 0.216 = -1.53) wins. A search that finishes every [EOS]
+# extension returns [EOS] (log 0.30 = -1.20).
+SPARE = {(): {3: 0.36, 4: 0.34, 2: 0.30}, (3,): {5: 0.6, 6: 0.4}, (4,): {7: 0.6, 5: 0.4}}
+
+
+PREFIX_SOURCE = torch.tensor([[3, 4, 5]])
+
+
+# (stream, table, beam width, length_penalty, max_len)
+KEEPS_LIVE_CASES = [(10641, "REFILL", 2, 1.0, 5), (10642, "REFILL", 2, 0.5, 5), (10643, "SPARE", 2, 0.0, 5)]
+
+
+STOPPING_CASES = [(10651, "PATIENT", 2, 1.0, 6), (10652, "TRUNCATED", 2, 1.0, 3)]
+
+
+DESIGNED = {"REFILL": REFILL, "PATIENT": PATIENT, "TRUNCATED": TRUNCATED, "SPARE": SPARE}
+
+
+def _designed(seeds, beam_search, cases):
+    return [_beam(beam_search, prefix_model(seeds, stream, DESIGNED[name]), PREFIX_SOURCE, width, max_len, penalty)
+            for stream, name, width, penalty, max_len in cases]
+
+
+@probe
+def beam_search_keeps_k_live(seeds, beam_search):
+    return _designed(seeds, beam_search, KEEPS_LIVE_CASES)
+
+
+@probe
+def beam_search_stopping(seeds, beam_search):
+    return _designed(seeds, beam_search, STOPPING_CASES)
 
 
 # A designed case: [EOS] at once is the likeliest single sequence, but "a a a [EOS]" has the better
@@ -685,11 +854,13 @@ def penalty_tables(seeds):
         torch.full((8,), FREE)
 
 
+PENALTY_SOURCE = torch.tensor([[3, 4, 3]])
+
+
 @probe
 def beam_search_length_penalty(seeds, beam_search):
     model = ScriptedModel(*penalty_tables(seeds))
-    src = torch.tensor([[3, 4, 3]])
-    return [_beam(beam_search, model, src, width, 6, penalty) for penalty, width in PENALTY_CASES]
+    return [_beam(beam_search, model, PENALTY_SOURCE, width, 6, penalty) for penalty, width in PENALTY_CASES]
 
 
 EXHAUSTIVE_VOCAB, EXHAUSTIVE_MAX, EXHAUSTIVE_WIDTH = 6, 4, 2000   # 6 tokens, 4 steps: at most 6**4 candidates
@@ -700,6 +871,106 @@ def beam_search_exhaustive(seeds, beam_search):
     model = ScriptedModel(*beam_tables(seeds, 10631, EXHAUSTIVE_VOCAB, EXHAUSTIVE_MAX))
     src = beam_source(3, seeds, 10632, EXHAUSTIVE_VOCAB)
     return [_beam(beam_search, model, src, EXHAUSTIVE_WIDTH, EXHAUSTIVE_MAX, penalty) for penalty in (0.0, 1.0)]
+
+
+# ================================================================ exercise 8: decode_with_cache
+CACHE_STREAM = 10801
+
+
+def cache_problem(seeds, stream, T):
+    """The reference EncoderDecoder (float64) with the check's weights, two padded sources, the decoder inputs
+    of two rows ([BOS], then T - 1 tokens: no padding, as a decoder generates them) and the memory."""
+    weights = model_weights(seeds, stream)
+    model = reference.EncoderDecoder(**ED_DIMS).double().eval()
+    load_weights(model, weights, "the course's EncoderDecoder", MODEL_NAMES)
+    src, tgt_in = model_batch(seeds.generator(stream + 50), (7, 4), (T, T), S=7, T=T)
+    with torch.no_grad():
+        memory = model.encode(src)                                   # the course's code, not the student's
+    return model, src, tgt_in, memory
+
+
+def _entry_shapes(cache):
+    """Each cache entry's four shapes, or a description of what is there instead (read under the watch)."""
+    if not isinstance(cache, list):
+        return "not a list"
+    found = []
+    for entry in cache:
+        if isinstance(entry, (tuple, list)) and len(entry) == 4 and all(type(t) is torch.Tensor for t in entry):
+            found.append([[int(n) for n in t.shape] for t in entry])
+        else:
+            found.append(type(entry).__name__ + (f" of length {len(entry)}" if isinstance(entry, (tuple, list)) else ""))
+    return found
+
+
+def _cached_run(decode_with_cache, seeds, stream, T, splits, later_memory=None):
+    """Feed tgt_in in pieces [a, b) through decode_with_cache, one cache for all: per call the logits, the cache's
+    shapes after it and how many times the cross-attention's key and value projections ran during it."""
+    model, src, tgt_in, memory = cache_problem(seeds, stream, T)
+    runs = []
+    hooks = [module.register_forward_hook(lambda module, inputs, output: runs.append(1))
+             for layer in model.decoder_layers for module in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
+    cache, calls = [None] * ED_DIMS["num_layers"], []
+    try:
+        for a, b in splits:
+            given = memory if a == 0 or later_memory is None else later_memory
+            before = len(runs)
+            try:
+                with torch.no_grad():
+                    logits, shapes = call(decode_with_cache, model, tgt_in[:, a:b], given, src, cache,
+                                          name="decode_with_cache", forbidden=CACHE_SHORTCUTS,
+                                          forbidden_advice=CACHE_ADVICE, capture=lambda: _entry_shapes(cache))
+            except AssertionError as error:
+                if not a:
+                    raise
+                raise AssertionError(f"{error}\n(The call after {a} cached positions failed. The cache must grow: the "
+                                     "self-attention's keys and values of every position so far, the cached ones "
+                                     "followed by the new ones (torch.cat along dim=2), under the causal mask's rows "
+                                     "for the new positions.)") from None
+            if type(logits) is not torch.Tensor:
+                raise AssertionError(f"decode_with_cache should return the logits tensor, not a {type(logits).__name__}.")
+            calls.append({"new": [a, b], "logits": logits.detach().double(), "shapes": shapes,
+                          "cross_projections": len(runs) - before})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
+
+
+CACHE_SHAPE_SPLITS = [(0, 3), (3, 4), (4, 6)]
+
+
+CACHE_STEP_SPLITS = [(t, t + 1) for t in range(9)]
+
+
+CACHE_CHUNK_SPLITS = [(0, 3), (3, 4), (4, 7), (7, 9)]
+
+
+CACHE_ONCE_SPLITS = [(0, 1), (1, 2), (2, 5), (5, 6)]
+
+
+@probe
+def decode_with_cache_shapes(seeds, decode_with_cache):
+    return _cached_run(decode_with_cache, seeds, CACHE_STREAM, 6, CACHE_SHAPE_SPLITS)
+
+
+@probe
+def decode_with_cache_matches_decode(seeds, decode_with_cache):
+    return _cached_run(decode_with_cache, seeds, CACHE_STREAM + 1, 9, CACHE_STEP_SPLITS)
+
+
+@probe
+def decode_with_cache_chunks(seeds, decode_with_cache):
+    return _cached_run(decode_with_cache, seeds, CACHE_STREAM + 2, 9, CACHE_CHUNK_SPLITS)
+
+
+def later_memory(seeds):
+    """What later calls receive as `memory` in decode_with_cache_cross_once: noise, which must not be read."""
+    return 3 * torch.randn(2, 7, ED_DIMS["d_model"], generator=seeds.generator(CACHE_STREAM + 90), dtype=torch.float64)
+
+
+@probe
+def decode_with_cache_cross_once(seeds, decode_with_cache):
+    return _cached_run(decode_with_cache, seeds, CACHE_STREAM + 3, 6, CACHE_ONCE_SPLITS, later_memory(seeds))
 
 
 # ================================================================ stretch: T5's relative position buckets
