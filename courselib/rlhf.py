@@ -1,29 +1,36 @@
 """RLHF on the course's small GPT (notebook 11): the task, the annotators, the data, a crude reward model.
 
-The policy is the pre-trained GPT of notebook 09 (`courselib.gpt.load_tiny_gpt`). Its task is the next
-sentence of a story, at a point where the story can go well or badly:
+The policy starts as the pre-trained GPT of notebook 09 (`courselib.gpt.load_tiny_gpt`), a storyteller. Its
+task is the next sentence of a story, at a point where the story can go well or badly, asked in a chat
+template:
 
-    prompts = story_prompts(tokenizer, 200, seed=1)     # the last PROMPT_TOKENS tokens before a turn
-    ids, mask = sample_episodes(policy, prompts.ids, generator)   # prompt + MAX_NEW_TOKENS, mask on the reply
-    scores = true_scores(tokenizer, ids, mask, prompts.kinds)    # what the (simulated) annotators think
+    User:<the last PROMPT_TOKENS tokens of a story>
+    Assistant: <one sentence><|endoftext|>
 
-- **Prompts** come from `courselib.gpt.corpus` (stories the model was trained on, from another seed),
+    prompts = chat_prompts(tokenizer, 200, seed=1)                 # templated, (200, 28) token ids
+    ids, mask = sample_episodes(policy, prompts.ids, generator)    # prompt + reply, mask on the reply
+    scores = true_scores(tokenizer, ids, mask, prompts.kinds)     # what the (simulated) annotators think
+
+- **Prompts** come from `courselib.gpt.corpus` (stories of other seeds than the model's training corpus),
   cut just before the sentence that decides three kinds of story: a cake that bakes or burns, a lost toy
-  that is found or stays lost, two children who share or fight. A prompt is the last `PROMPT_TOKENS`
-  tokens before that sentence: the model was trained on windows cut anywhere in its token stream, so a
-  prompt that starts mid-story is what it knows, and equal lengths let a batch be sampled at once
-  (the course's GPT has no padding mask).
-- **An episode** is the reply: the sampled tokens up to and including the first that ends a sentence
-  (`.`, `!`, `!"`, `?`, `".`) or `<|endoftext|>`, at most `MAX_NEW_TOKENS`. `response_mask` marks them.
-  A batch is sampled until every reply has ended, and padded with `<|endoftext|>` after each end.
-- **The annotators' taste** (`true_score`) is hidden from the reward model and the policy: a reply
-  that turns the story well scores +1, badly −1, and anything that is not a proper next sentence of this
-  story −2. `collect_preferences` asks them to compare two replies with Bradley–Terry noise.
+  that is found or stays lost, two children who share or fight. The story part of a prompt is the last
+  `PROMPT_TOKENS` tokens before that sentence: the model was trained on windows cut anywhere in its token
+  stream, so a prompt that starts mid-story is what it knows, and equal lengths let a batch be sampled at
+  once (the course's GPT has no padding mask). `chat_prompts` wraps them in the template's tokens
+  (`USER`, `ASSISTANT`), which the pre-trained model has never seen together: supervised fine-tuning on
+  `demonstrations` (the stories' own next sentences, each followed by <|endoftext|>) teaches it the format.
+- **An episode** is the reply: the sampled tokens up to and including the first <|endoftext|>, at most
+  `MAX_NEW_TOKENS`. `response_mask` marks them. A batch is sampled until every reply has ended, and padded
+  with <|endoftext|> after each end (GPT-2's tokenizer has no other padding token).
+- **The annotators' taste** (`true_score`) is hidden from the reward model and the policy: a reply that
+  turns the story well scores +1, badly −1, and anything that is not one proper next sentence of this story
+  that then stops −2. `collect_preferences` asks them to compare two replies with Bradley–Terry noise.
 - **The reward model** `BagOfWordsReward` learns one number per token and adds them up over the reply.
 
-Reference versions of the notebook's first exercises live here too (`sequence_log_probs`,
-`sequence_kl`), as the course keeps reference versions of every piece learners build: the hidden tests
-hand them to later exercises so that each exercise is graded on its own.
+Reference versions of exercises live here too (`sequence_log_probs`, `sequence_kl`, `rloo_advantages`,
+`ppo_clip_loss`), as the course keeps reference versions of the pieces learners build: the hidden tests
+hand them to later exercises so that each exercise is graded on its own. `token_log_probs` gives the
+per-token log-probabilities that PPO and GRPO work with.
 """
 import copy
 import dataclasses
@@ -33,11 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from courselib.gpt import EOS, corpus
+from courselib.gpt import corpus
 
-PROMPT_TOKENS = 16        # every prompt is this long, so a batch of prompts is one (B, PROMPT_TOKENS) tensor
-MAX_NEW_TOKENS = 20       # the longest proper reply is 18 tokens
-END_TOKENS = (".", "!", '!"', "?", '".')   # tokens that end a sentence (the byte-level BPE keeps these whole)
+PROMPT_TOKENS = 16        # the story part of every prompt is this long, so a batch of prompts is one tensor
+MAX_NEW_TOKENS = 20       # the longest proper reply is 18 tokens with its <|endoftext|>
+EOS_ID = 0                # <|endoftext|>: ends a reply, and pads a batch after it (the tokenizer's only special token)
+USER, ASSISTANT = "User:", "\nAssistant:"   # the chat template: USER + story + ASSISTANT, then the reply
 GOOD, BAD, BROKEN = 1.0, -1.0, -2.0
 
 # The sentence before the turn, and the replies that turn each kind of story well or badly. A name is any
@@ -96,9 +104,31 @@ def story_prompts(tokenizer, n, seed=1, length=PROMPT_TOKENS):
         count *= 2
 
 
-def end_token_ids(tokenizer):
-    """The ids that end an episode: END_TOKENS and <|endoftext|>."""
-    return torch.tensor(sorted({tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS + (EOS,)}))
+def chat_prompts(tokenizer, n, seed=1):
+    """`story_prompts` in the chat template: the ids of USER, the story's last PROMPT_TOKENS tokens, the ids of
+    ASSISTANT: (n, 28) ids with the course's tokenizer, all of one length."""
+    return chat_template(tokenizer, story_prompts(tokenizer, n, seed))
+
+
+def chat_template(tokenizer, prompts):
+    """Prompts whose ids are wrapped in the template, (N, len(USER ids) + PROMPT_TOKENS + len(ASSISTANT ids))."""
+    n = len(prompts)
+    user = torch.tensor(tokenizer(USER).input_ids).expand(n, -1)
+    assistant = torch.tensor(tokenizer(ASSISTANT).input_ids).expand(n, -1)
+    return Prompts(torch.cat([user, prompts.ids, assistant], dim=1), prompts.kinds, prompts.continuations)
+
+
+def demonstrations(tokenizer, prompts):
+    """SFT data: each chat prompt followed by the story's own next sentence and <|endoftext|>, padded on the right
+    with <|endoftext|> to the longest. Returns (ids (N, P + L), reply_lengths (N,)): the reply of row b is
+    ids[b, P:P + reply_lengths[b]], its last token the <|endoftext|> that ends it."""
+    replies = [tokenizer(continuation).input_ids + [EOS_ID] for continuation in prompts.continuations]
+    lengths = torch.tensor([len(reply) for reply in replies])
+    ids = torch.full((len(prompts), prompts.ids.shape[1] + int(lengths.max())), EOS_ID)
+    ids[:, :prompts.ids.shape[1]] = prompts.ids
+    for row, reply in zip(ids, replies):
+        row[prompts.ids.shape[1]:prompts.ids.shape[1] + len(reply)] = torch.tensor(reply)
+    return ids, lengths
 
 
 def response_mask(ids, prompt_length, end_ids):
@@ -111,10 +141,11 @@ def response_mask(ids, prompt_length, end_ids):
     return mask
 
 
-def sample_episodes(policy, prompt_ids, generator, end_ids, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0):
+def sample_episodes(policy, prompt_ids, generator, end_ids=torch.tensor([EOS_ID]), max_new_tokens=MAX_NEW_TOKENS,
+                    temperature=1.0):
     """One reply per prompt, sampled from `policy` (a courselib.gpt.GPT) with its KV cache, token by token,
     until every reply has ended or has max_new_tokens. Returns (ids (B, L + n), mask (B, L + n)), n <= max_new_tokens:
-    the prompts, the replies, and <|endoftext|> (id 0) after a reply's end; mask True on the replies."""
+    the prompts, the replies, and <|endoftext|> after a reply's end; mask True on the replies."""
     was_training = policy.training
     policy.eval()
     try:
@@ -125,7 +156,7 @@ def sample_episodes(policy, prompt_ids, generator, end_ids, max_new_tokens=MAX_N
             for _ in range(max_new_tokens):
                 probs = torch.softmax(logits / temperature, dim=-1)
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(1)   # (B,)
-                token = token.masked_fill(ended, 0)                                  # padding after the end
+                token = token.masked_fill(ended, EOS_ID)                             # padding after the end
                 tokens.append(token)
                 ended |= torch.isin(token, end_ids)
                 if ended.all():
@@ -138,14 +169,23 @@ def sample_episodes(policy, prompt_ids, generator, end_ids, max_new_tokens=MAX_N
 
 
 def pad_episodes(ids, mask, width):
-    """Episodes padded on the right to `width` tokens with <|endoftext|> (id 0), outside the mask."""
+    """Episodes padded on the right to `width` tokens with <|endoftext|>, outside the mask."""
     extra = width - ids.shape[1]
-    return F.pad(ids, (0, extra), value=0), F.pad(mask, (0, extra), value=False)
+    return F.pad(ids, (0, extra), value=EOS_ID), F.pad(mask, (0, extra), value=False)
+
+
+def stopped(ids, mask):
+    """(B,) bool: did the reply end with <|endoftext|> (rather than run to MAX_NEW_TOKENS)?"""
+    last = mask.long().cumsum(dim=1).argmax(dim=1)                    # the position of the reply's last token
+    return mask.any(dim=1) & (ids[torch.arange(len(ids)), last] == EOS_ID)
 
 
 def replies(tokenizer, ids, mask):
-    """The text of each reply (the masked tokens), with its leading space."""
-    return [tokenizer.decode(row[keep]) for row, keep in zip(ids, mask)]
+    """The text of each reply with its leading space, without the <|endoftext|> that ends it; a reply that never
+    stopped ends in " …"."""
+    ended = stopped(ids, mask)
+    return [tokenizer.decode(row[keep][:-1]) if end else tokenizer.decode(row[keep]) + " …"
+            for row, keep, end in zip(ids, mask, ended)]
 
 
 # ---------------------------------------------------------------------------------------- the annotators
@@ -154,8 +194,9 @@ _BAD = {kind: re.compile(" " + bad) for kind, (_, _, bad) in KINDS.items()}
 
 
 def true_score(kind, reply):
-    """The annotators' hidden taste for one reply to a story of this kind: GOOD (+1) if it turns the story
-    well, BAD (−1) if badly, BROKEN (−2) if it is not a proper next sentence of such a story at all."""
+    """The annotators' hidden taste for one reply (its text, without the <|endoftext|> that ends it) to a story of
+    this kind: GOOD (+1) if it turns the story well, BAD (−1) if badly, BROKEN (−2) if it is not a proper next
+    sentence of such a story at all."""
     if _GOOD[kind].fullmatch(reply):
         return GOOD
     if _BAD[kind].fullmatch(reply):
@@ -164,8 +205,10 @@ def true_score(kind, reply):
 
 
 def true_scores(tokenizer, ids, mask, kinds):
-    """(B,) float tensor of `true_score` for a batch of episodes."""
-    return torch.tensor([true_score(kind, text) for kind, text in zip(kinds, replies(tokenizer, ids, mask))])
+    """(B,) float tensor of `true_score` for a batch of episodes; a reply that never stopped is BROKEN."""
+    ended = stopped(ids, mask).tolist()
+    return torch.tensor([true_score(kind, text) if end else BROKEN
+                         for kind, text, end in zip(kinds, replies(tokenizer, ids, mask), ended)])
 
 
 @dataclasses.dataclass
@@ -183,7 +226,7 @@ class PreferencePairs:
                                self.rejected_mask[index])
 
 
-def collect_preferences(policy, tokenizer, prompts, generator, end_ids, noise=0.5):
+def collect_preferences(policy, tokenizer, prompts, generator, end_ids=torch.tensor([EOS_ID]), noise=0.5):
     """Two replies of `policy` to each prompt, shown to the annotators. When their taste ranks the two the
     same they have no preference and the pair is dropped (as many preference datasets drop ties);
     otherwise they prefer a over b with probability σ((s_a − s_b) / noise), s = true_score: Bradley–Terry,
@@ -232,6 +275,13 @@ def sequence_log_probs(logits, input_ids, mask=None):
     return picked.sum(dim=-1)
 
 
+def token_log_probs(logits, input_ids):
+    """(B, T): entry t is log p(input_ids[:, t] | input_ids[:, <t]) from logits[:, t - 1] (causal convention), aligned
+    with input_ids; entry 0 is 0 (nothing predicts the first token). logits (B, T, V) = model(input_ids)."""
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(picked, (1, 0))                                                    # (B, T)
+
+
 def sequence_kl(policy_logits, reference_logits, mask):
     """Σ_t mask[:, t] KL(π(· | x_<t) || π_ref(· | x_<t)): the exact KL of each token's next-token
     distributions, summed over the reply. Logits (B, T, V) at the same input ids, causal convention. (B,)."""
@@ -239,6 +289,23 @@ def sequence_kl(policy_logits, reference_logits, mask):
     log_q = torch.log_softmax(reference_logits[:, :-1], dim=-1)
     per_position = (log_p.exp() * (log_p - log_q)).sum(dim=-1)                     # (B, T - 1)
     return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+
+
+def rloo_advantages(rewards, group_size):
+    """RLOO: each reward minus the mean of the other group_size - 1 rewards of its group. rewards (B,), its
+    groups consecutive rows (row i in group i // group_size). Returns (B,)."""
+    groups = rewards.reshape(-1, group_size)                                        # (B / k, k)
+    others = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others).reshape(-1)
+
+
+def ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps=0.2):
+    """PPO's clipped surrogate, as a loss: -mean over the counted tokens of min(ρ A, clip(ρ, 1 - ε, 1 + ε) A),
+    ρ = exp(log_probs - old_log_probs) per token. log_probs, old_log_probs, mask (B, T); advantages (B,)."""
+    ratio = torch.exp(log_probs - old_log_probs)                                    # (B, T)
+    advantage = advantages[:, None]
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+    return -(surrogate * mask).sum() / mask.sum()
 
 
 # ------------------------------------------------------------------------------------------- pictures

@@ -1,25 +1,27 @@
 """Hidden checks for 11_rlhf. Each check is one grade cell's hidden part: a probe and a judge.
 
 The probe runs in the student's kernel: it builds the hidden inputs from `seeds` (token ids, masks,
-logits, rewards, the weights of small GPTs of the course's `courselib.gpt.GPT` class), calls the
-student's code through `call` and returns what it produced: log-probabilities, losses, the weights
-after an optimiser step, gradients. The judge runs in the grader: it rebuilds the same inputs and
-weights from the same seeds and compares with independent oracles:
-- `torch.distributions.Categorical` (log-probabilities) and transformers' causal-LM loss
-  `ForCausalLMLoss`, which fixes the convention: the logits at position t score token t + 1;
-- `torch.distributions.kl_divergence` for the KL;
-- float64 autograd on the rebuilt models for every gradient and optimiser step (REINFORCE, DPO,
-  the reward model), and the closed-form optimum π_ref e^{r/β} / Z of the KL-penalised objective.
+logits, per-token log-probabilities, rewards, the weights of small GPTs of the course's
+`courselib.gpt.GPT` class), calls the student's code through `call` under a watch and returns what it
+produced: log-probabilities, losses, advantages, the weights after an optimiser step, gradients. What
+must run on the student's objects after their function returns (a backward pass through the graph it
+built) runs inside the call too (`_Closure`). The judge (autograder/judges/rlhf.py) runs in the grader:
+it rebuilds the same inputs from the same seeds and compares with independent oracles (transformers'
+`ForCausalLMLoss`, `torch.distributions`, float64 autograd on hand-written losses and loops).
 
-Every exercise is graded on its own: `reinforce_step` and `dpo_loss` get the course's reference
-`sequence_log_probs` (`courselib.rlhf`) in place of the student's. Stochastic checks state their
-false-failure rate in a comment.
+Every exercise is graded on its own: `reinforce_step`, `grpo_loss` and `dpo_loss` get the course's
+reference `sequence_log_probs`, `rloo_advantages` and `ppo_clip_loss` (`courselib.rlhf`) in place of the
+student's. Every check forbids the course's reference versions (`COURSE_REFERENCES`) and its exercise's
+library oracles; a reference handed over as a helper is trusted where the student's code calls it by
+that name. Stochastic checks state their false-failure rate in a comment.
 """
 import copy
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from autograder.checks.common import call, expect_shape, probe
 from courselib import rlhf as course
 from courselib.gpt import GPT
@@ -27,12 +29,25 @@ from courselib.gpt import GPT
 
 
 
-SEQUENCE_SHORTCUTS = ["courselib.rlhf.sequence_log_probs", "courselib.rlhf.sequence_kl",
-                      "transformers.loss.loss_utils.ForCausalLMLoss"]
+# The course's reference versions of the notebook's exercises: no answer may call them (the checks hand some
+# of them over as trusted helpers, so that an exercise is graded on its own).
+COURSE_REFERENCES = [f"courselib.rlhf.{name}" for name in
+                     ("sequence_log_probs", "token_log_probs", "sequence_kl", "rloo_advantages", "ppo_clip_loss")]
+HF_CAUSAL_LM_LOSS = "transformers.loss.loss_utils.ForCausalLMLoss"
 
-
-KL_SHORTCUTS = ["torch.distributions.kl_divergence", "torch.distributions.kl.kl_divergence",
-                "courselib.rlhf.sequence_kl"]
+SEQUENCE_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *COURSE_REFERENCES]
+SFT_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *COURSE_REFERENCES]
+# No library function computes a Bradley–Terry step, a leave-one-out baseline, a clipped surrogate, GRPO's or
+# DPO's loss or per-token returns: their oracles are written by hand in the judges, and the watch refuses the
+# course's reference versions.
+REWARD_SHORTCUTS = COURSE_REFERENCES
+KL_SHORTCUTS = ["torch.distributions.kl_divergence", "torch.distributions.kl.kl_divergence", *COURSE_REFERENCES]
+RLOO_SHORTCUTS = COURSE_REFERENCES
+REINFORCE_SHORTCUTS = COURSE_REFERENCES
+PPO_SHORTCUTS = COURSE_REFERENCES
+GRPO_SHORTCUTS = COURSE_REFERENCES
+DPO_SHORTCUTS = COURSE_REFERENCES
+RETURNS_SHORTCUTS = COURSE_REFERENCES
 
 
 ADVICE = "the exercise asks you to write this yourself"
@@ -40,6 +55,37 @@ ADVICE = "the exercise asks you to write this yourself"
 
 NO_GRADIENT = ("no gradient reaches the inputs: build the result from torch operations on the tensors you were given "
                "(no .item(), .tolist(), .detach() or torch.tensor(...) of Python numbers).")
+
+
+class _Closure:
+    """What must run under the watch, for `call`: the student's function and whatever the probe does with what it
+    returned (a backward pass through its graph). It carries the student's globals, so that `call` swaps helpers
+    into them."""
+
+    def __init__(self, student, body):
+        self.body = body
+        if hasattr(student, "__globals__"):
+            self.__globals__ = student.__globals__
+
+    def __call__(self):
+        return self.body()
+
+
+def _backward(result, weights=None):
+    """Backpropagate from the student's result (under the watch) when it is a plain tensor with a graph: a scalar,
+    or (with `weights`) the weighted sum of a result of their shape. Anything else is left to the probe's checks."""
+    if type(result) is not torch.Tensor or not result.requires_grad:
+        return
+    if weights is None and result.dim() == 0:
+        result.backward()
+    elif weights is not None and result.shape == weights.shape:
+        (result * weights).sum().backward()
+
+
+def _scalar(result, name, what="a scalar tensor (the mean over the batch)"):
+    _tensor(result, name, what)
+    expect_shape(result, (), name, "Return one number: a 0-dimensional tensor, the mean over the batch.")
+    return result
 
 
 def _pair(result, name, what):
@@ -165,20 +211,74 @@ def sequence_log_probs_stable_and_differentiable(seeds, fn):
     confident = _sequence_log_probs(fn, *_confident_problem(seeds))
     logits, ids, mask = sequence_problem(seeds.generator(310), 3, 2, 4, 7)
     leaf = logits.clone().requires_grad_(True)
-    result = _sequence_log_probs(fn, leaf, ids, mask)
-    if not result.requires_grad:
-        raise AssertionError(f"sequence_log_probs: {NO_GRADIENT}")
     weights = torch.randn(3, generator=seeds.generator(311))
-    try:
-        (result * weights).sum().backward()
-    except RuntimeError as error:
-        raise AssertionError(f"sequence_log_probs: .backward() failed ({error}); {NO_GRADIENT}") from None
-    if leaf.grad is None:
+
+    def body():
+        result = fn(leaf, ids, mask)
+        _backward(result, weights)               # Σ_b w_b log p(y_b): a gradient on every counted position
+        return result
+
+    result, gradient = call(_Closure(fn, body), name="sequence_log_probs", forbidden=SEQUENCE_SHORTCUTS,
+                            forbidden_advice=ADVICE, capture=lambda: leaf.grad)
+    if not _tensor(result, "sequence_log_probs", "a (B,) tensor").requires_grad or gradient is None:
         raise AssertionError(f"sequence_log_probs: {NO_GRADIENT}")
-    return {"confident": confident, "gradient": leaf.grad}
+    return {"confident": confident, "gradient": gradient}
 
 
-# ================================================================ exercise 2: reward_model_step
+# ================================================================ exercise 2: sft_loss
+EOS_ID = course.EOS_ID
+
+
+def sft_problem(g, batch, prompt_length, max_reply, vocab, scale=2.0):
+    """Logits and demonstrations: a prompt (no <|endoftext|> in it), a reply of 1..max_reply tokens whose last is
+    <|endoftext|>, then at least two tokens of <|endoftext|> padding. Row 0 has the longest reply, the last row a
+    reply that is only its <|endoftext|>."""
+    lengths = torch.randint(1, max_reply + 1, (batch,), generator=g)
+    lengths[0], lengths[-1] = max_reply, 1
+    length = prompt_length + max_reply + 2
+    ids = torch.randint(1, vocab, (batch, length), generator=g)
+    ids[torch.arange(length) >= prompt_length + lengths[:, None] - 1] = EOS_ID      # the end, then the padding
+    logits = torch.randn(batch, length, vocab, generator=g) * scale
+    return logits, ids, prompt_length, lengths
+
+
+SFT_CASES = [(4, 3, 5, 11), (3, 1, 4, 7), (5, 6, 2, 13)]       # (batch, prompt length, longest reply, vocabulary)
+SFT_ADVICE = ("write the masked mean yourself (F.cross_entropy with ignore_index is allowed): ForCausalLMLoss is the "
+              "oracle the tests compare with, and courselib.rlhf holds the course's answers")
+
+
+def _sft_loss(fn, logits, ids, prompt_length, lengths, backward=False):
+    """The student's loss, and with `backward` the gradient on `logits` (a leaf), both read under the watch."""
+    inputs = [logits, ids, lengths]
+    before = [t.detach().clone() for t in inputs]
+
+    def body():
+        loss = fn(logits, ids, prompt_length, lengths)
+        if backward:
+            _backward(loss)
+        return loss
+
+    loss, gradient = call(_Closure(fn, body), name="sft_loss", forbidden=SFT_SHORTCUTS, forbidden_advice=SFT_ADVICE,
+                          capture=lambda: logits.grad)
+    _unchanged(before, [t.detach() for t in inputs], "sft_loss")
+    return _scalar(loss, "sft_loss"), gradient
+
+
+@probe
+def sft_loss_values(seeds, fn):
+    return [_sft_loss(fn, *sft_problem(seeds.generator(350 + i), *case))[0] for i, case in enumerate(SFT_CASES)]
+
+
+@probe
+def sft_loss_gradients(seeds, fn):
+    logits, ids, prompt_length, lengths = sft_problem(seeds.generator(360), 4, 2, 4, 9)
+    loss, gradient = _sft_loss(fn, logits.clone().requires_grad_(True), ids, prompt_length, lengths, backward=True)
+    if not loss.requires_grad or gradient is None:
+        raise AssertionError(f"sft_loss: {NO_GRADIENT}")
+    return gradient
+
+
+# ================================================================ exercise 3: reward_model_step
 RM_VOCAB, RM_LR = 15, 0.5
 
 
@@ -204,7 +304,8 @@ def _reward_model_step(fn, weights, batch, junk):
     model.token_reward.grad = junk.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=RM_LR)
     before = [t.clone() for t in batch]
-    result = call(fn, model, optimizer, *batch, name="reward_model_step")
+    result, weights_after = call(fn, model, optimizer, *batch, name="reward_model_step", forbidden=REWARD_SHORTCUTS,
+                                 forbidden_advice=ADVICE, capture=lambda: model.token_reward.detach().clone())
     _unchanged(before, batch, "reward_model_step")
     loss, accuracy = _pair(result, "reward_model_step", ("loss", "accuracy"))
     numbers = []
@@ -214,7 +315,7 @@ def _reward_model_step(fn, weights, batch, junk):
         except (TypeError, ValueError, RuntimeError):
             raise AssertionError(f"reward_model_step should return the {name} as a number (e.g. loss.item()), but it "
                                  f"returned {type(value).__name__}.") from None
-    return {"loss": numbers[0], "accuracy": numbers[1], "weights": model.token_reward.detach().clone()}
+    return {"loss": numbers[0], "accuracy": numbers[1], "weights": weights_after}
 
 
 def counts(ids, mask):
@@ -257,8 +358,9 @@ def reward_model_accuracy(seeds, fn):
     model = course.BagOfWordsReward(RM_VOCAB)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     for _ in range(60):
-        call(fn, model, optimizer, *train, name="reward_model_step")
-    return model.token_reward.detach().clone()
+        _, weights = call(fn, model, optimizer, *train, name="reward_model_step", forbidden=REWARD_SHORTCUTS,
+                          forbidden_advice=ADVICE, capture=lambda: model.token_reward.detach().clone())
+    return weights
 
 
 def _sequence_kl(fn, policy_logits, reference_logits, mask):
@@ -301,8 +403,44 @@ def sequence_kl_properties(seeds, fn):
             "sharp": _sequence_kl(fn, *sharp)}
 
 
-# ================================================================ exercise 4: reinforce_step
+# ================================================================ exercise 5: rloo_advantages
+RLOO_CASES = [(3, 4), (5, 2), (2, 6)]        # (prompts, replies to each)
+
+
+def rloo_problem(g, prompts, group_size):
+    return torch.randn(prompts * group_size, generator=g, dtype=torch.float64) * 2
+
+
+def _rloo(fn, rewards, group_size):
+    before = rewards.clone()
+    result = call(fn, rewards, group_size, name="rloo_advantages", forbidden=RLOO_SHORTCUTS, forbidden_advice=ADVICE)
+    _unchanged([before], [rewards], "rloo_advantages")
+    return _tensor(result, "rloo_advantages", "a (B,) tensor")
+
+
+@probe
+def rloo_advantages_values(seeds, fn):
+    return [_rloo(fn, rloo_problem(seeds.generator(580 + i), *case), case[1]) for i, case in enumerate(RLOO_CASES)]
+
+
+def rloo_behaviour_problem(seeds):
+    g = seeds.generator(590)
+    rewards = rloo_problem(g, 3, 4)
+    shifts = (torch.randn(3, generator=g, dtype=torch.float64) * 5).repeat_interleave(4)   # one constant per prompt
+    equal = torch.full((6,), float(torch.randn(1, generator=g)), dtype=torch.float64)
+    return rewards, shifts, equal
+
+
+@probe
+def rloo_advantages_behaviour(seeds, fn):
+    rewards, shifts, equal = rloo_behaviour_problem(seeds)
+    return {"plain": _rloo(fn, rewards, 4), "shifted": _rloo(fn, rewards + shifts, 4), "equal": _rloo(fn, equal, 3),
+            "one group": _rloo(fn, rewards, len(rewards))}
+
+
+# ================================================================ exercise 6: reinforce_step
 RL_LR = 0.1
+RL_GROUP = 4                                 # 8 replies: 2 prompts of 4
 
 
 def reinforce_problem(g, batch=8, prompt_length=3, reply_length=5):
@@ -313,6 +451,9 @@ def reinforce_problem(g, batch=8, prompt_length=3, reply_length=5):
     return policy, reference, ids, mask, rewards, junk
 
 
+REINFORCE_HELPERS = {"sequence_log_probs": course.sequence_log_probs, "rloo_advantages": course.rloo_advantages}
+
+
 def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
     reference.requires_grad_(True)     # a frozen reference would hide a graph built through it
     for p, j in zip(policy.parameters(), junk):
@@ -321,8 +462,14 @@ def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
     reference_before = flat_parameters(reference)
     inputs = [ids, mask, rewards]
     before = [t.clone() for t in inputs]
-    result = call(fn, policy, reference, optimizer, ids, mask, rewards, beta, name="reinforce_step",
-                  helpers={"sequence_log_probs": course.sequence_log_probs})
+    def after():                                  # what the step did to both models, read under the watch
+        return {"after": flat_parameters(policy), "reference_after": flat_parameters(reference),
+                "reference_grads": [name for name, p in reference.named_parameters()
+                                    if p.grad is not None and bool(p.grad.abs().sum() > 0)]}
+
+    result, state = call(fn, policy, reference, optimizer, ids, mask, rewards, beta, RL_GROUP, name="reinforce_step",
+                         helpers=REINFORCE_HELPERS, forbidden=REINFORCE_SHORTCUTS, forbidden_advice=ADVICE,
+                         capture=after)
     _unchanged(before, inputs, "reinforce_step")
     penalized, log_ratio = _pair(result, "reinforce_step", ("penalized", "log_ratio"))
     for name, value in (("penalized", penalized), ("log_ratio", log_ratio)):
@@ -331,10 +478,9 @@ def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
             raise AssertionError(f"reinforce_step's {name} still carries a gradient: the penalised reward is a number "
                                  "the update is weighted by, not something to differentiate (detach it, or compute "
                                  "it under torch.no_grad()).")
-    return {"penalized": penalized, "log_ratio": log_ratio, "after": flat_parameters(policy),
-            "reference_moved": not torch.equal(reference_before, flat_parameters(reference)),
-            "reference_grads": [name for name, p in reference.named_parameters()
-                                if p.grad is not None and p.grad.abs().sum() > 0]}
+    return {"penalized": penalized, "log_ratio": log_ratio, "after": state["after"],
+            "reference_moved": not torch.equal(reference_before, state["reference_after"]),
+            "reference_grads": state["reference_grads"]}
 
 
 PENALTY_BETAS = (0.4, 2.5)
@@ -357,11 +503,12 @@ def reinforce_step_update(seeds, fn):
 
 
 # A one-token bandit with a table policy: the KL-penalised objective E[r] - β KL(π || π_ref) has its optimum at
-# π* ∝ π_ref e^{r/β}. 300 Adam steps of the student's reinforce_step on 64 samples each, with the policy's
-# probabilities averaged over the last 100 steps. Over 300 seeds a correct step ended within 0.0015 (total
-# variation) of π* in the worst case; the test allows 0.02. Steps with no penalty or the penalty's sign flipped
-# ended 0.062 or more away (median 0.64).
+# π* ∝ π_ref e^{r/β}. 300 Adam steps of the student's reinforce_step on 64 samples each (RLOO in groups of 8), with
+# the policy's probabilities averaged over the last 100 steps. Over 300 seeds a correct step ended within 0.0014
+# (total variation) of π* in the worst case; the test allows 0.02. Steps with no penalty or the penalty's sign
+# flipped ended 0.099 or more away (100 seeds).
 BANDIT_VOCAB, BANDIT_BETA, BANDIT_STEPS, BANDIT_BATCH, BANDIT_TOLERANCE = 6, 0.5, 300, 64, 0.02
+BANDIT_GROUP = 8        # one prompt: its 64 samples in groups of 8
 
 
 class TablePolicy(nn.Module):
@@ -390,19 +537,192 @@ def reinforce_step_finds_the_optimum(seeds, fn):
     g = seeds.generator(621)
     mask = torch.tensor([[False, True]]).expand(BANDIT_BATCH, 2)
     averaged = torch.zeros(BANDIT_VOCAB, dtype=torch.float64)
+    table = reference_logits.clone()                          # the policy's logits, as read after each step
     for step in range(BANDIT_STEPS):
-        with torch.no_grad():
-            actions = torch.multinomial(torch.softmax(policy.table[0], dim=-1), BANDIT_BATCH, replacement=True,
-                                        generator=g)
+        actions = torch.multinomial(torch.softmax(table[0], dim=-1), BANDIT_BATCH, replacement=True, generator=g)
         ids = torch.stack([torch.zeros_like(actions), actions], dim=1)                     # (B, 2): prompt, reply
-        call(fn, policy, reference, optimizer, ids, mask, rewards[actions], BANDIT_BETA, name="reinforce_step",
-             helpers={"sequence_log_probs": course.sequence_log_probs})
+        _, table = call(fn, policy, reference, optimizer, ids, mask, rewards[actions], BANDIT_BETA, BANDIT_GROUP,
+                        name="reinforce_step", helpers=REINFORCE_HELPERS, forbidden=REINFORCE_SHORTCUTS,
+                        forbidden_advice=ADVICE, capture=lambda: policy.table.detach().clone())
         if step >= BANDIT_STEPS - 100:
-            averaged += torch.softmax(policy.table[0].detach(), dim=-1) / 100
+            averaged += torch.softmax(table[0], dim=-1) / 100
     return averaged
 
 
-# ================================================================ exercise 5: dpo_loss
+# ================================================================ exercise 7: ppo_clip_loss
+def token_problem_for_ppo(g, batch, prompt_length, reply_length, noise=0.3):
+    """Per-token log-probabilities of the sampling policy and of the policy being trained (ratios around e^(±noise),
+    many outside [1 - ε, 1 + ε]), one advantage per reply, a reply mask. float64."""
+    _, mask = episodes(g, batch, prompt_length, reply_length, 2)
+    length = prompt_length + reply_length
+    old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 3 - 0.5
+    log_probs = old + torch.randn(batch, length, generator=g, dtype=torch.float64) * noise
+    advantages = torch.randn(batch, generator=g, dtype=torch.float64)
+    return log_probs, old, advantages, mask
+
+
+PPO_CASES = [(4, 3, 5, 0.2), (3, 2, 6, 0.1), (6, 4, 3, 0.3)]     # (batch, prompt length, reply length, ε)
+
+
+def _ppo(fn, log_probs, old, advantages, mask, eps, backward=False, then=None, capture=None):
+    """The student's loss; with `backward`, its backward pass, then `then()` (an optimiser's step), and `capture()`
+    (what the probe reads of it), all under the watch. Returns (loss, captured)."""
+    inputs = [log_probs, old, advantages, mask]
+    before = [t.detach().clone() for t in inputs]
+
+    def body():
+        loss = fn(log_probs, old, advantages, mask, eps)
+        if backward:
+            _backward(loss)
+        if then is not None:
+            then()
+        return loss
+
+    result = call(_Closure(fn, body), name="ppo_clip_loss", forbidden=PPO_SHORTCUTS, forbidden_advice=ADVICE,
+                  capture=capture)
+    loss, captured = result if capture is not None else (result, None)
+    _unchanged(before, [t.detach() for t in inputs], "ppo_clip_loss")
+    return _scalar(loss, "ppo_clip_loss"), captured
+
+
+@probe
+def ppo_clip_loss_values(seeds, fn):
+    results = []
+    for i, (batch, prompt_length, reply_length, eps) in enumerate(PPO_CASES):
+        results.append(_ppo(fn, *token_problem_for_ppo(seeds.generator(630 + i), batch, prompt_length, reply_length),
+                            eps)[0])
+    return results
+
+
+PPO_GRADIENT_EPS = 0.2
+
+
+@probe
+def ppo_clip_loss_gradients(seeds, fn):
+    log_probs, old, advantages, mask = token_problem_for_ppo(seeds.generator(640), 6, 2, 5)
+    leaf = log_probs.clone().requires_grad_(True)
+    loss, gradient = _ppo(fn, leaf, old, advantages, mask, PPO_GRADIENT_EPS, backward=True, capture=lambda: leaf.grad)
+    if not loss.requires_grad or gradient is None:
+        raise AssertionError(f"ppo_clip_loss: {NO_GRADIENT}")
+    return gradient
+
+
+# Several epochs on one batch: a one-token policy (a table of logits, float64) samples EPOCH_BATCH replies, and
+# EPOCHS steps of SGD follow the student's loss on that batch. The judge replays them with its own loss.
+EPOCH_VOCAB, EPOCH_BATCH, EPOCHS, EPOCH_LR, EPOCH_EPS = 6, 12, 6, 0.5, 0.2
+
+
+def epochs_problem(seeds):
+    g = seeds.generator(650)
+    table = torch.randn(2, EPOCH_VOCAB, generator=g, dtype=torch.float64)
+    actions = torch.multinomial(torch.softmax(table[0], dim=-1), EPOCH_BATCH, replacement=True, generator=g)
+    ids = torch.stack([torch.zeros_like(actions), actions], dim=1)                       # (B, 2): prompt, reply
+    advantages = torch.randn(EPOCH_BATCH, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[False, True]]).expand(EPOCH_BATCH, 2)
+    return table, ids, advantages, mask
+
+
+@probe
+def ppo_clip_loss_epochs(seeds, fn):
+    table, ids, advantages, mask = epochs_problem(seeds)
+    policy = TablePolicy(table)
+    old = course.token_log_probs(policy(ids), ids).detach()                           # the policy that sampled
+    optimizer = torch.optim.SGD(policy.parameters(), lr=EPOCH_LR)
+    losses = []
+    for _ in range(EPOCHS):
+        optimizer.zero_grad()
+        log_probs = course.token_log_probs(policy(ids), ids)                          # outside the watch: ours
+        loss, (stepped, table) = _ppo(fn, log_probs, old, advantages, mask, EPOCH_EPS, backward=True,
+                                      then=optimizer.step,
+                                      capture=lambda: (policy.table.grad is not None, policy.table.detach().clone()))
+        if not stepped:
+            raise AssertionError(f"ppo_clip_loss: {NO_GRADIENT}")
+        losses.append(loss.detach())
+    return {"table": table, "losses": torch.stack(losses)}
+
+
+# ================================================================ exercise 8: grpo_loss
+def grpo_problem(g, prompts, group_size, prompt_length=2, reply_length=5, equal_group=True):
+    """Per-token log-probabilities of the policy, of the sampling policy and of the reference, rewards in groups
+    of group_size consecutive rows (with `equal_group`, the first group's rewards all equal), a reply mask."""
+    batch = prompts * group_size
+    log_probs, old, _, mask = token_problem_for_ppo(g, batch, prompt_length, reply_length)
+    reference = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.3
+    rewards = torch.randn(batch, generator=g, dtype=torch.float64) * 2
+    if equal_group:
+        rewards[:group_size] = rewards[0]
+    return log_probs, old, reference, rewards, mask
+
+
+GRPO_HELPERS = {"ppo_clip_loss": course.ppo_clip_loss}
+GRPO_EPS = 0.2
+
+
+def _grpo(fn, log_probs, old, reference, rewards, mask, group_size, eps, beta):
+    """The loss and its gradient on log_probs, both computed under the watch."""
+    leaf = log_probs.detach().clone().requires_grad_(True)
+    inputs = [old, reference, rewards, mask]
+    before = [t.clone() for t in inputs]
+
+    def body():
+        loss = fn(leaf, old, reference, rewards, mask, group_size, eps, beta)
+        _backward(loss)
+        return loss
+
+    result, gradient = call(_Closure(fn, body), name="grpo_loss", helpers=GRPO_HELPERS, forbidden=GRPO_SHORTCUTS,
+                            forbidden_advice=ADVICE, capture=lambda: leaf.grad)
+    _unchanged(before, inputs, "grpo_loss")
+    loss = _scalar(result, "grpo_loss")
+    if not loss.requires_grad or gradient is None:
+        raise AssertionError(f"grpo_loss: {NO_GRADIENT}")
+    return {"loss": loss.detach(), "gradient": gradient}
+
+
+GRPO_ADVANTAGE_CASES = [(3, 4), (2, 3), (4, 2)]     # (prompts, group size)
+
+
+@probe
+def grpo_loss_advantages(seeds, fn):
+    """β = 0 and the policy is the one that sampled (ratios 1): the gradient on each reply token is -A / N."""
+    results = []
+    for i, (prompts, group_size) in enumerate(GRPO_ADVANTAGE_CASES):
+        _, old, reference, rewards, mask = grpo_problem(seeds.generator(660 + i), prompts, group_size)
+        results.append(_grpo(fn, old, old, reference, rewards, mask, group_size, GRPO_EPS, 0.0)["gradient"])
+    return results
+
+
+GRPO_KL_BETAS = (0.3, 1.7)
+
+
+def grpo_kl_problem(seeds, i):
+    """Every group's rewards equal (all advantages 0): only the KL term is left."""
+    log_probs, _, reference, rewards, mask = grpo_problem(seeds.generator(670 + i), 3, 3)
+    rewards = rewards.reshape(3, 3)[:, :1].expand(3, 3).reshape(-1).clone()
+    return log_probs, reference, rewards, mask
+
+
+@probe
+def grpo_loss_kl(seeds, fn):
+    results = []
+    for i, beta in enumerate(GRPO_KL_BETAS):
+        log_probs, reference, rewards, mask = grpo_kl_problem(seeds, i)
+        results.append(_grpo(fn, log_probs, log_probs.clone(), reference, rewards, mask, 3, GRPO_EPS, beta))
+    return results
+
+
+GRPO_VALUE_CASES = [(3, 4, 0.2, 0.1), (2, 5, 0.3, 0.5)]    # (prompts, group size, ε, β)
+
+
+@probe
+def grpo_loss_values(seeds, fn):
+    results = []
+    for i, (prompts, group_size, eps, beta) in enumerate(GRPO_VALUE_CASES):
+        problem = grpo_problem(seeds.generator(680 + i), prompts, group_size)
+        results.append(_grpo(fn, *problem, group_size, eps, beta))
+    return results
+
+
+# ================================================================ exercise 9: dpo_loss
 def dpo_problem(g, batch=6, mirrored=False):
     """Models and a batch of pairs. `mirrored`: the second half is the first half swapped, so that
     margins of both signs are certain."""
@@ -420,8 +740,20 @@ def dpo_problem(g, batch=6, mirrored=False):
 def _dpo_loss(fn, policy, reference, batch, beta):
     reference.requires_grad_(True)
     before = [t.clone() for t in batch]
-    result = call(fn, policy, reference, *batch, beta, name="dpo_loss",
-                  helpers={"sequence_log_probs": course.sequence_log_probs})
+
+    def body():
+        result = fn(policy, reference, *batch, beta)
+        if isinstance(result, (tuple, list)) and len(result) == 3:
+            _backward(result[0])                             # the policy's gradient, under the watch
+        return result
+
+    def gradients():                              # what the backward pass left on both models, read under the watch
+        return {"gradient": flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in policy.parameters()]),
+                "reference_grads": [name for name, p in reference.named_parameters()
+                                    if p.grad is not None and bool(p.grad.abs().sum() > 0)]}
+
+    result, state = call(_Closure(fn, body), name="dpo_loss", helpers={"sequence_log_probs": course.sequence_log_probs},
+                         forbidden=DPO_SHORTCUTS, forbidden_advice=ADVICE, capture=gradients)
     _unchanged(before, batch, "dpo_loss")
     loss, chosen_rewards, rejected_rewards = _pair(result, "dpo_loss", ("loss", "chosen_rewards", "rejected_rewards"))
     _tensor(loss, "dpo_loss's loss", "a scalar tensor (the policy trains by calling .backward() on it)")
@@ -430,14 +762,8 @@ def _dpo_loss(fn, policy, reference, batch, beta):
         raise AssertionError(f"dpo_loss's loss cannot train the policy: {NO_GRADIENT}")
     for name, value in (("chosen_rewards", chosen_rewards), ("rejected_rewards", rejected_rewards)):
         _tensor(value, f"dpo_loss's {name}", "a (B,) tensor")
-    try:
-        loss.backward()
-    except RuntimeError as error:
-        raise AssertionError(f"dpo_loss: .backward() failed ({error}); {NO_GRADIENT}") from None
     return {"loss": loss, "chosen_rewards": chosen_rewards, "rejected_rewards": rejected_rewards,
-            "gradient": flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in policy.parameters()]),
-            "reference_grads": [name for name, p in reference.named_parameters()
-                                if p.grad is not None and p.grad.abs().sum() > 0]}
+            "gradient": state["gradient"], "reference_grads": state["reference_grads"]}
 
 
 DPO_BETAS = (0.5, 2.0)
@@ -488,7 +814,8 @@ TOKEN_CASES = [(0.3, 1.0), (1.5, 0.9), (0.7, 0.0)]
 
 def _token_returns(fn, log_ratios, mask, scores, beta, gamma):
     before = [log_ratios.clone(), mask.clone(), scores.clone()]
-    result = call(fn, log_ratios, mask, scores, beta, gamma, name="token_returns")
+    result = call(fn, log_ratios, mask, scores, beta, gamma, name="token_returns", forbidden=RETURNS_SHORTCUTS,
+                  forbidden_advice=ADVICE)
     _unchanged(before, [log_ratios, mask, scores], "token_returns")
     return _tensor(result, "token_returns", "a (B, T) tensor")
 

@@ -1,6 +1,11 @@
 """Hidden checks for rlhf, the judge side (in the grader only, never mounted in the sandbox): the
 oracles, the diagnoses and one judge per probe of autograder/checks/rlhf.py, which also builds the
-inputs both sides rebuild from the seeds."""
+inputs both sides rebuild from the seeds.
+
+The oracles are independent of the course's reference versions: transformers' `ForCausalLMLoss` for the
+causal-LM convention and the SFT loss, `torch.distributions` for log-probabilities and the KL, and
+float64 loops and autograd written here for the Bradley–Terry step, RLOO's baseline, REINFORCE, PPO's
+clipped surrogate (and several epochs of it), GRPO's loss and DPO's."""
 import math
 
 import numpy as np
@@ -12,6 +17,36 @@ from torch.distributions import kl_divergence as torch_kl_divergence
 from autograder.checks.common import expect_close, expect_shape, to_numpy
 from autograder.checks.rlhf import (
     BANDIT_BETA,
+    EOS_ID,
+    EPOCH_EPS,
+    EPOCH_LR,
+    EPOCHS,
+    GRPO_ADVANTAGE_CASES,
+    GRPO_EPS,
+    GRPO_KL_BETAS,
+    GRPO_VALUE_CASES,
+    PPO_CASES,
+    PPO_GRADIENT_EPS,
+    RL_GROUP,
+    RLOO_CASES,
+    SFT_CASES,
+    epochs_problem,
+    grpo_kl_problem,
+    grpo_loss_advantages,
+    grpo_loss_kl,
+    grpo_loss_values,
+    grpo_problem,
+    ppo_clip_loss_epochs,
+    ppo_clip_loss_gradients,
+    ppo_clip_loss_values,
+    rloo_advantages_behaviour,
+    rloo_advantages_values,
+    rloo_behaviour_problem,
+    rloo_problem,
+    sft_loss_gradients,
+    sft_loss_values,
+    sft_problem,
+    token_problem_for_ppo,
     BANDIT_TOLERANCE,
     BANDIT_VOCAB,
     DPO_BETAS,
@@ -57,7 +92,8 @@ from autograder.checks.rlhf import (
 )
 
 
-EARLIER = "(This test gives your function the course's sequence_log_probs, so only this exercise is graded.)"
+EARLIER = ("(This test gives your function the course's sequence_log_probs and rloo_advantages, so only this exercise "
+           "is graded.)")
 
 
 MISALIGNED = ("your log-probs are misaligned by one position: you scored input_ids[:, t] with logits[:, t], but in a "
@@ -160,6 +196,167 @@ def judge_sequence_log_probs_stable_and_differentiable(seeds, data):
                  diagnoses={MISALIGNED: no_shift,
                             "positions outside the mask received a gradient: masked tokens must add nothing.":
                                 torch.cat([per_position * weights[:, None, None], torch.zeros(3, 1, 7)], dim=1)})
+
+
+# ================================================================ exercise 2: sft_loss
+def reply_positions(ids, prompt_length, lengths):
+    """(B, T) bool: the reply of each row, positions prompt_length to prompt_length + length - 1."""
+    positions = torch.arange(ids.shape[1])
+    return (positions >= prompt_length) & (positions < prompt_length + lengths[:, None])
+
+
+def hf_sft_loss(logits, ids, prompt_length, lengths):
+    """transformers' causal-LM loss (it shifts the labels itself) with -100 outside the replies: float32, as
+    transformers computes it."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    labels = ids.masked_fill(~reply_positions(ids, prompt_length, lengths), -100)
+    return ForCausalLMLoss(logits.float(), labels, vocab_size=logits.shape[-1])
+
+
+SFT_MISTAKES = {
+    "prompt": "you counted the prompt's tokens too: only the reply is learned (a model trained on the prompt learns to "
+              "write users' messages). Count positions prompt_length to prompt_length + reply_length - 1.",
+    "padding": "you counted the padding after each reply's <|endoftext|>: the reply ends at its length, and the "
+               "padding must not count. Build the mask from the lengths.",
+    "end": "you dropped the <|endoftext|> that ends each reply (a mask built from the token ids cannot tell it from the "
+           "padding, which is the same token): the model must learn to stop. Build the mask from the lengths.",
+    "unshifted": "your log-probs are misaligned by one position: the logits at position t score the NEXT token, "
+                 "input_ids[:, t + 1]. Compare logits[:, :-1] with input_ids[:, 1:] and the mask's [:, 1:].",
+    "mask not shifted": "you shifted the logits and the tokens but not the mask: the tokens you score, "
+                        "input_ids[:, 1:], are counted by mask[:, 1:].",
+    "one too many": "each reply runs one token too far: a reply of n tokens occupies positions prompt_length to "
+                    "prompt_length + n - 1 (its last token is the <|endoftext|>).",
+    "per reply": "you averaged each reply's tokens first, then the replies: every reply token weighs the same, so divide "
+                 "the batch's sum by its number of reply tokens.",
+    "sum": "you summed the cross-entropy over the tokens: take the mean over the reply tokens of the batch.",
+    "per sequence sum": "you averaged the replies' summed losses: take the mean over the reply tokens of the batch.",
+}
+
+
+def sft_variant(logits, ids, prompt_length, lengths, variant="right"):
+    """The SFT loss by hand in float64 (with the graph of `logits`), or what a common mistake computes instead."""
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    positions = torch.arange(ids.shape[1])
+    reply = reply_positions(ids, prompt_length, lengths)
+    counted = {"right": reply, "per reply": reply, "sum": reply, "per sequence sum": reply, "unshifted": reply,
+               "mask not shifted": reply,
+               "prompt": (positions >= 1) & (positions < prompt_length + lengths[:, None]),
+               "padding": (positions >= prompt_length).expand_as(reply),
+               "end": reply & (ids != EOS_ID),
+               "one too many": (positions >= prompt_length) & (positions <= prompt_length + lengths[:, None])}[variant]
+    if variant == "unshifted":
+        picked, weight = log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1), counted.double()
+    else:
+        picked = log_probs[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)              # scores token t + 1
+        weight = (counted[:, :-1] if variant == "mask not shifted" else counted[:, 1:]).double()
+    total = -(picked * weight)
+    if variant == "per reply":
+        return (total.sum(-1) / weight.sum(-1).clamp(min=1)).mean()
+    if variant == "sum":
+        return total.sum()
+    if variant == "per sequence sum":
+        return total.sum(-1).mean()
+    return total.sum() / weight.sum()
+
+
+@sft_loss_values.judge
+def judge_sft_loss_values(seeds, results):
+    for i, (case, result) in enumerate(zip(SFT_CASES, results)):
+        logits, ids, prompt_length, lengths = sft_problem(seeds.generator(350 + i), *case)
+        batch, _, longest, vocab = case
+        expect_close(result, hf_sft_loss(logits, ids, prompt_length, lengths),
+                     f"sft_loss of {batch} demonstrations (a prompt of {prompt_length}, replies of 1 to {longest} tokens "
+                     f"and padding; {vocab} tokens), against transformers' causal-LM loss with -100 outside the replies",
+                     rtol=1e-5, atol=1e-6,
+                     hint="the mean over the reply tokens (each reply's <|endoftext|> included, the padding and the "
+                          "prompt excluded) of -log softmax(logits[:, t - 1])[input_ids[:, t]].",
+                     diagnoses={message: sft_variant(logits, ids, prompt_length, lengths, variant)
+                                for variant, message in SFT_MISTAKES.items()})
+
+
+def sft_gradient(logits, ids, prompt_length, lengths, variant="right"):
+    leaf = logits.double().requires_grad_(True)
+    return torch.autograd.grad(sft_variant(leaf, ids, prompt_length, lengths, variant), leaf)[0]
+
+
+@sft_loss_gradients.judge
+def judge_sft_loss_gradients(seeds, gradient):
+    logits, ids, prompt_length, lengths = sft_problem(seeds.generator(360), 4, 2, 4, 9)
+    right = sft_gradient(logits, ids, prompt_length, lengths)
+    expect_close(gradient, right, "the gradient of sft_loss with respect to the logits", rtol=1e-4, atol=1e-7,
+                 hint="(softmax - one-hot of the next token) / (number of reply tokens) at each position that scores a "
+                      "reply token; 0 at the prompt's positions, at the padding's and at the last one.",
+                 diagnoses={message: sft_gradient(logits, ids, prompt_length, lengths, variant)
+                            for variant, message in SFT_MISTAKES.items()})
+
+
+# ================================================================ exercise 5: rloo_advantages
+RLOO_MISTAKES = {
+    "group mean": "you left each reply in its own group's mean: then the baseline depends on the reply, and every "
+                  "advantage shrinks by (k - 1) / k. Subtract the mean of the OTHER k - 1 replies to the same prompt.",
+    "batch others": "you took the mean of the other rewards over the whole batch: the baseline compares a reply with the "
+                    "other replies to the SAME prompt (groups of group_size consecutive rows).",
+    "batch mean": "you subtracted the batch mean: compare each reply with the other replies to its own prompt, without "
+                  "itself.",
+    "strided": "your groups are strided (rows i, i + n, i + 2n, ...): the replies to one prompt are CONSECUTIVE rows, "
+               "rewards.reshape(-1, group_size).",
+    "divided by k": "you divided the others' sum by group_size: there are group_size - 1 others.",
+    "none": "there is no baseline: subtract the mean of the other replies to the same prompt.",
+    "baseline only": "you returned the baselines; the advantage is the reward minus its baseline.",
+}
+
+
+def oracle_rloo(rewards, group_size, variant="right"):
+    """RLOO advantages with a loop over the replies, float64; the keyword gives what common mistakes compute."""
+    rewards = rewards.double()
+    batch, prompts = len(rewards), len(rewards) // group_size
+    advantages = torch.zeros(batch, dtype=torch.float64)
+    for i in range(batch):
+        if variant in ("batch others", "batch mean"):
+            group = list(range(batch))
+        elif variant == "strided":
+            group = [j for j in range(batch) if j % prompts == i % prompts]
+        else:
+            group = list(range(i // group_size * group_size, (i // group_size + 1) * group_size))
+        others = [rewards[j] for j in group if j != i]
+        if variant in ("group mean", "batch mean"):
+            baseline = sum(rewards[j] for j in group) / len(group)
+        elif variant == "divided by k":
+            baseline = sum(others) / group_size
+        elif variant == "none":
+            baseline = 0.0
+        else:
+            baseline = sum(others) / len(others)
+        advantages[i] = baseline if variant == "baseline only" else rewards[i] - baseline
+    return advantages
+
+
+@rloo_advantages_values.judge
+def judge_rloo_advantages_values(seeds, results):
+    for i, ((prompts, group_size), result) in enumerate(zip(RLOO_CASES, results)):
+        rewards = rloo_problem(seeds.generator(580 + i), prompts, group_size)
+        expect_close(result, oracle_rloo(rewards, group_size),
+                     f"rloo_advantages of {prompts} prompts × {group_size} replies", rtol=1e-6, atol=1e-8,
+                     hint="A_i = R_i - (sum of the other replies' rewards in i's group) / (group_size - 1), the group "
+                          "of row i being rows group_size · (i // group_size) onwards.",
+                     diagnoses={message: oracle_rloo(rewards, group_size, variant)
+                                for variant, message in RLOO_MISTAKES.items()})
+
+
+@rloo_advantages_behaviour.judge
+def judge_rloo_advantages_behaviour(seeds, data):
+    rewards, shifts, equal = rloo_behaviour_problem(seeds)
+    expect_close(data["shifted"], data["plain"], "rloo_advantages after adding one constant to all the rewards of a "
+                 "prompt", rtol=1e-6, atol=1e-8,
+                 hint="the baseline is made of the same prompt's other rewards, so whatever all the replies to a prompt "
+                      "share cancels.",
+                 diagnoses={RLOO_MISTAKES["batch others"]: oracle_rloo(rewards + shifts, 4, "batch others")})
+    expect_close(data["equal"], torch.zeros(6), "rloo_advantages of replies that all score the same", atol=1e-9,
+                 hint="every reply equals its baseline: no advantage.")
+    expect_close(data["one group"], oracle_rloo(rewards, len(rewards)), "rloo_advantages with group_size = B",
+                 rtol=1e-6, atol=1e-8, hint="one group of the whole batch: each reply against the rest of the batch.",
+                 diagnoses={message: oracle_rloo(rewards, len(rewards), variant)
+                            for variant, message in RLOO_MISTAKES.items()})
 
 
 def reward_step_oracle(weights, batch, junk):
@@ -313,24 +510,18 @@ def judge_sequence_kl_properties(seeds, data):
                  diagnoses=kl_diagnoses(*sharp))
 
 
-def oracle_reinforce_gradient(policy, reference, ids, mask, rewards, beta, baseline="leave-one-out",
+def oracle_reinforce_gradient(policy, reference, ids, mask, rewards, beta, baseline="right",
                               detach=True, direction=1.0, scale=1.0):
-    """The gradient the REINFORCE surrogate -mean((R - b) log π(y)) gives, R = r - β (log π(y) - log π_ref(y)).
-    The keyword arguments give what common mistakes compute instead."""
+    """The gradient the REINFORCE surrogate -mean((R - b) log π(y)) gives, R = r - β (log π(y) - log π_ref(y)),
+    b RLOO's baseline over groups of RL_GROUP rows. The keyword arguments give what common mistakes compute
+    instead (`baseline` names a variant of oracle_rloo)."""
     log_probs = oracle_log_probs(policy(ids), ids, mask)                                   # (B,) with a graph
     with torch.no_grad():
         reference_log_probs = oracle_log_probs(reference(ids), ids, mask)
     log_ratio = (log_probs if not detach else log_probs.detach()) - reference_log_probs
     penalized = rewards - beta * direction * log_ratio
-    if baseline == "leave-one-out":
-        b = (penalized.sum() - penalized) / (len(penalized) - 1)
-    elif baseline == "mean":
-        b = penalized.mean()
-    elif baseline == "own":
-        b = penalized
-    else:
-        b = torch.zeros_like(penalized)
-    loss = -((penalized - b) * log_probs).mean() * scale
+    advantages = oracle_rloo(penalized, RL_GROUP, baseline)        # keeps the graph of R when it has one (detach=False)
+    loss = -(advantages * log_probs).mean() * scale
     return flat(torch.autograd.grad(loss, list(policy.parameters()), allow_unused=True, materialize_grads=True))
 
 
@@ -361,7 +552,7 @@ def judge_reinforce_step_penalized_reward(seeds, results):
                          "β is missing: R = reward - β (log π - log π_ref).": r - log_ratio,
                          "you divided by β; the penalty is β times the log-ratio.": r - log_ratio / beta,
                          "you returned the advantage (R minus the baseline), not the penalised reward R itself.":
-                             (lambda R: R - (R.sum() - R) / (len(R) - 1))(r - beta * log_ratio),
+                             oracle_rloo(r - beta * log_ratio, RL_GROUP),
                      })
 
 
@@ -373,9 +564,14 @@ def judge_reinforce_step_update(seeds, data):
     args = (policy, reference, ids, mask, rewards, 0.7)
     right = oracle_reinforce_gradient(*args)
     diagnoses = {
-        "your baseline includes the sample's own reward (the batch mean): then b depends on y_i and the gradient is "
-        "biased, shrunk by (B - 1) / B. Use the mean of the OTHER samples' rewards, (Σ_j R_j - R_i) / (B - 1).":
-            oracle_reinforce_gradient(*args, baseline="mean"),
+        "your baseline includes the sample's own reward (the group mean): then b depends on y_i, and every step "
+        "shrinks by (k - 1) / k. Use the mean of the OTHER replies to the same prompt.":
+            oracle_reinforce_gradient(*args, baseline="group mean"),
+        "your baseline is the mean of the other samples of the whole batch: RLOO compares each reply with the other "
+        "replies to the SAME prompt, the groups of group_size consecutive rows (rloo_advantages(penalized, group_size)).":
+            oracle_reinforce_gradient(*args, baseline="batch others"),
+        "your baseline is the batch mean: RLOO compares each reply with the other replies to the same prompt.":
+            oracle_reinforce_gradient(*args, baseline="batch mean"),
         "there is no baseline: subtract the leave-one-out mean of the other samples' penalised rewards from R.":
             oracle_reinforce_gradient(*args, baseline="none"),
         "the policy did not change: either every advantage R - b is 0 (a baseline equal to each sample's own "
@@ -393,8 +589,9 @@ def judge_reinforce_step_update(seeds, data):
     }
     scale = right.abs().max().item()
     expect_close(step, right, "the policy's update by reinforce_step (one SGD step)", rtol=1e-4, atol=1e-5 * scale,
-                 hint="zero_grad; R = reward - β (log π - log π_ref) as a constant; advantage = R - (Σ_j R_j - R_i) / "
-                      "(B - 1); loss = -mean(advantage · log π(y)); backward; step. " + EARLIER,
+                 hint="zero_grad; R = reward - β (log π - log π_ref) as a constant; advantage = R minus the mean of the "
+                      "other replies to the same prompt (rloo_advantages); loss = -mean(advantage · log π(y)); backward; "
+                      "step. " + EARLIER,
                  diagnoses=diagnoses)
     if data["reference_grads"] or data["reference_moved"]:
         raise AssertionError("reinforce_step gave the reference policy gradients"
@@ -420,6 +617,234 @@ def judge_reinforce_step_finds_the_optimum(seeds, averaged):
             f"{np.round(reached.numpy(), 3).tolist()}, {distance:.3f} (total variation) from the optimum of the "
             f"KL-penalised objective, π* ∝ π_ref e^(r/β) = {np.round(optimum.numpy(), 3).tolist()}; a correct step "
             f"comes within {BANDIT_TOLERANCE}: {hint}")
+
+
+# ================================================================ exercise 7: ppo_clip_loss
+PPO_MISTAKES = {
+    "inverted": "your ratio is upside down: ρ = π_θ / π_old = exp(log_probs - old_log_probs), the policy being trained "
+                "over the one that sampled.",
+    "max": "you took the maximum of the two surrogates: PPO keeps the MINIMUM, the pessimistic one, so that moving past "
+           "the clip range gains nothing.",
+    "no clip": "nothing was clipped: the surrogate is min(ρ A, clip(ρ, 1 - ε, 1 + ε) A).",
+    "clipped only": "you kept only the clipped surrogate: take the minimum of the clipped and the unclipped one (a token "
+                    "that moved the wrong way must still be pulled back).",
+    "clip advantage": "you clipped the advantage: clip the probability RATIO to [1 - ε, 1 + ε] and multiply by A.",
+    "min of ratios": "you took the minimum of the two RATIOS before multiplying by A: with a negative advantage the "
+                     "smaller product comes from the larger ratio. Take the minimum of the two products.",
+    "unmasked": "you averaged over every position: only the reply tokens (mask True) count.",
+    "per reply": "you averaged each reply's tokens first, then the replies: the loss is the mean over all the reply tokens "
+                 "of the batch.",
+    "sum": "you summed over the tokens: take the mean over the reply tokens of the batch.",
+    "objective": "you returned the objective; the loss to minimise is its negative.",
+}
+
+
+def oracle_ppo(log_probs, old, advantages, mask, eps, variant="right"):
+    """PPO's clipped loss by hand in float64, a loop over the tokens (keeps the graph of log_probs); the keyword
+    gives what a common mistake computes instead."""
+    batch, length = mask.shape
+    per_token = [[None] * length for _ in range(batch)]
+    for b in range(batch):
+        a = advantages[b].double()
+        for t in range(length):
+            log_ratio = log_probs[b, t].double() - old[b, t].double()
+            ratio = torch.exp(-log_ratio if variant == "inverted" else log_ratio)
+            clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
+            if variant == "max":
+                value = torch.maximum(ratio * a, clipped * a)
+            elif variant == "no clip":
+                value = ratio * a
+            elif variant == "clipped only":
+                value = clipped * a
+            elif variant == "clip advantage":
+                value = torch.minimum(ratio * a, ratio * torch.clamp(a, 1 - eps, 1 + eps))
+            elif variant == "min of ratios":
+                value = torch.minimum(ratio, clipped) * a
+            else:
+                value = torch.minimum(ratio * a, clipped * a)
+            per_token[b][t] = value
+    values = torch.stack([torch.stack(row) for row in per_token])                            # (B, T)
+    counted = mask.double()
+    if variant == "unmasked":
+        return -values.mean()
+    if variant == "per reply":
+        return -((values * counted).sum(-1) / counted.sum(-1)).mean()
+    if variant == "sum":
+        return -(values * counted).sum()
+    return (values * counted).sum() / counted.sum() * (1 if variant == "objective" else -1)
+
+
+@ppo_clip_loss_values.judge
+def judge_ppo_clip_loss_values(seeds, results):
+    for i, ((batch, prompt_length, reply_length, eps), result) in enumerate(zip(PPO_CASES, results)):
+        problem = token_problem_for_ppo(seeds.generator(630 + i), batch, prompt_length, reply_length)
+        expect_close(result, oracle_ppo(*problem, eps), f"ppo_clip_loss of {batch} replies with ε = {eps}",
+                     rtol=1e-5, atol=1e-7,
+                     hint="-mean over the reply tokens of min(ρ A, clip(ρ, 1 - ε, 1 + ε) A), ρ = exp(log_probs - "
+                          "old_log_probs), A the reply's advantage.",
+                     diagnoses={message: oracle_ppo(*problem, eps, variant) for variant, message in PPO_MISTAKES.items()})
+
+
+def ppo_gradient(log_probs, old, advantages, mask, eps, variant="right"):
+    leaf = log_probs.double().clone().requires_grad_(True)
+    return torch.autograd.grad(oracle_ppo(leaf, old, advantages, mask, eps, variant), leaf)[0]
+
+
+@ppo_clip_loss_gradients.judge
+def judge_ppo_clip_loss_gradients(seeds, gradient):
+    problem = token_problem_for_ppo(seeds.generator(640), 6, 2, 5)
+    right = ppo_gradient(*problem, PPO_GRADIENT_EPS)
+    expect_close(gradient, right, "the gradient of ppo_clip_loss with respect to log_probs", rtol=1e-5,
+                 atol=1e-7 * right.abs().max().item(),
+                 hint="-ρ A / N on a token where the unclipped term is the smaller (or ρ is inside the range), 0 where "
+                      "the clip holds (ρ > 1 + ε with A > 0, ρ < 1 - ε with A < 0) and outside the reply.",
+                 diagnoses={message: ppo_gradient(*problem, PPO_GRADIENT_EPS, variant)
+                            for variant, message in PPO_MISTAKES.items()})
+
+
+def ppo_epochs_replay(seeds, variant="right"):
+    """EPOCHS steps of SGD on one batch of the one-token policy, with the oracle's loss (or a mistake's)."""
+    table, ids, advantages, mask = epochs_problem(seeds)
+    table = table.clone()
+    actions = ids[:, 1]
+
+    def log_probs_of(weights):                                       # (B, 2): 0 at the prompt, log π(action) after it
+        picked = torch.log_softmax(weights[0], dim=-1)[actions]
+        return torch.stack([torch.zeros_like(picked), picked], dim=1)
+
+    old = log_probs_of(table).detach()
+    losses = []
+    for _ in range(EPOCHS):
+        leaf = table.clone().requires_grad_(True)
+        loss = oracle_ppo(log_probs_of(leaf), old, advantages, mask, EPOCH_EPS, variant)
+        (gradient,) = torch.autograd.grad(loss, leaf)
+        table = table - EPOCH_LR * gradient
+        losses.append(loss.detach())
+    return table, torch.stack(losses)
+
+
+@ppo_clip_loss_epochs.judge
+def judge_ppo_clip_loss_epochs(seeds, data):
+    table, losses = ppo_epochs_replay(seeds)
+    mistakes = {message: ppo_epochs_replay(seeds, variant) for variant, message in PPO_MISTAKES.items()}
+    expect_close(data["losses"], losses, f"ppo_clip_loss at each of {EPOCHS} epochs of SGD on one batch", rtol=1e-5,
+                 atol=1e-7, hint="the first epoch has ρ = 1 everywhere; later ones see the ratio move, and the clip hold it.",
+                 diagnoses={message: wrong[1] for message, wrong in mistakes.items()})
+    expect_close(data["table"], table, f"the policy's logits after {EPOCHS} epochs of SGD on one batch with your loss",
+                 rtol=1e-5, atol=1e-7, diagnoses={message: wrong[0] for message, wrong in mistakes.items()})
+
+
+# ================================================================ exercise 8: grpo_loss
+GRPO_MISTAKES = {
+    "batch std": "you divided by the std of the whole batch: GRPO normalises each reply within its own group, "
+                 "(r - the group's mean) / (the group's std + 1e-4).",
+    "batch mean": "you subtracted the batch mean: GRPO subtracts the mean of the reply's own group.",
+    "leave one out": "you left the reply out of its group's mean (RLOO's baseline): GRPO's group mean includes the reply "
+                     "itself.",
+    "population std": "you used the population std (dividing by k): the exercise, like TRL, uses torch's default std, "
+                      "with k - 1.",
+    "no std": "you did not divide by the group's standard deviation: A = (r - group mean) / (group std + 1e-4).",
+    "eps outside": "the 1e-4 goes next to the std, (std + 1e-4), not inside a square root or elsewhere.",
+    "kl in reward k1": "you put the KL in the reward (r - β k1 before normalising): GRPO adds β times the mean k3 to the "
+                       "LOSS, with its gradient.",
+    "kl in reward k3": "you put the KL in the reward (r - β k3 before normalising): GRPO adds β times the mean k3 to the "
+                       "LOSS, with its gradient.",
+    "k1": "you used k1 = log π - log π_ref per token; GRPO's KL is k3 = r - 1 - log r with r = π_ref / π, never "
+          "negative.",
+    "kl sign": "the KL term has the wrong sign: the loss ADDS β · KL (the objective subtracts it).",
+    "reversed k3": "your r is upside down: r = π_ref / π_θ, log r = ref_log_probs - log_probs.",
+    "no kl": "the loss has no KL term: add β times the mean of k3 over the reply tokens.",
+    "kl sum": "you added β times the SUM of k3; take its mean over the reply tokens, as for the clipped loss.",
+    "per reply": "you averaged each reply's tokens first, then the replies (the GRPO paper's form); the exercise averages "
+                 "over all the reply tokens of the batch.",
+    "no clip": "nothing was clipped: the surrogate is min(ρ A, clip(ρ, 1 - ε, 1 + ε) A), as in ppo_clip_loss.",
+}
+
+
+def oracle_grpo_advantages(rewards, group_size, variant="right"):
+    """Group-normalised advantages by hand (float64 loops): (r - group mean) / (group std with k - 1, + 1e-4)."""
+    rewards = rewards.double()
+    batch = len(rewards)
+    advantages = torch.zeros(batch, dtype=torch.float64)
+    everything = [float(r) for r in rewards]
+    overall_mean = sum(everything) / batch
+    overall_std = math.sqrt(sum((r - overall_mean) ** 2 for r in everything) / (batch - 1))
+    for i in range(batch):
+        group = [float(rewards[j]) for j in range(i // group_size * group_size, (i // group_size + 1) * group_size)]
+        mean = sum(group) / group_size
+        squares = sum((r - mean) ** 2 for r in group)
+        std = math.sqrt(squares / (group_size - 1))
+        centre = {"leave one out": (sum(group) - float(rewards[i])) / (group_size - 1),
+                  "batch mean": overall_mean}.get(variant, mean)
+        scale = {"batch std": overall_std + 1e-4, "population std": math.sqrt(squares / group_size) + 1e-4,
+                 "no std": 1.0, "eps outside": math.sqrt(squares / (group_size - 1) + 1e-4)}.get(variant, std + 1e-4)
+        advantages[i] = (float(rewards[i]) - centre) / scale
+    return advantages
+
+
+def oracle_grpo(log_probs, old, reference, rewards, mask, group_size, eps, beta, variant="right"):
+    """GRPO's loss by hand in float64, and its gradient on log_probs; the keyword gives a common mistake."""
+    leaf = log_probs.double().clone().requires_grad_(True)
+    counted = mask.double()
+    if variant.startswith("kl in reward"):
+        log_r = (reference - log_probs).double()
+        estimate = -log_r if variant.endswith("k1") else torch.exp(log_r) - 1 - log_r
+        rewards = rewards.double() - beta * (estimate * counted).sum(dim=1)
+    advantages = oracle_grpo_advantages(rewards, group_size, variant)
+    surrogate = oracle_ppo(leaf, old, advantages, mask, eps, "no clip" if variant == "no clip" else "right")
+    if variant == "per reply":
+        surrogate = oracle_ppo(leaf, old, advantages, mask, eps, "per reply")
+    log_r = reference.double() - leaf
+    per_token = {"k1": -log_r, "reversed k3": torch.exp(-log_r) - 1 + log_r}.get(variant, torch.exp(log_r) - 1 - log_r)
+    if variant == "per reply":
+        kl = ((per_token * counted).sum(-1) / counted.sum(-1)).mean()
+    elif variant == "kl sum":
+        kl = (per_token * counted).sum()
+    else:
+        kl = (per_token * counted).sum() / counted.sum()
+    sign = {"kl sign": -1.0, "no kl": 0.0}.get(variant, 0.0 if variant.startswith("kl in reward") else 1.0)
+    loss = surrogate + sign * beta * kl
+    (gradient,) = torch.autograd.grad(loss, leaf)
+    return loss.detach(), gradient
+
+
+def _judge_grpo(data, problem, group_size, eps, beta, what, compare=("loss", "gradient")):
+    right_loss, right_gradient = oracle_grpo(*problem, group_size, eps, beta)
+    mistakes = {message: oracle_grpo(*problem, group_size, eps, beta, variant) for variant, message in GRPO_MISTAKES.items()}
+    if "loss" in compare:
+        expect_close(data["loss"], right_loss, f"grpo_loss ({what})", rtol=1e-5, atol=1e-7,
+                     hint="ppo_clip_loss with A = (r - group mean) / (group std + 1e-4), plus β times the mean over the "
+                          "reply tokens of r - 1 - log r, r = π_ref / π_θ.",
+                     diagnoses={message: wrong[0] for message, wrong in mistakes.items()})
+    expect_close(data["gradient"], right_gradient, f"the gradient of grpo_loss on log_probs ({what})", rtol=1e-5,
+                 atol=1e-7 * right_gradient.abs().max().item(),
+                 hint="the clipped surrogate's gradient with the group-normalised advantages, plus β (1 - r) / N per "
+                      "reply token from the KL term.",
+                 diagnoses={message: wrong[1] for message, wrong in mistakes.items()})
+
+
+@grpo_loss_advantages.judge
+def judge_grpo_loss_advantages(seeds, gradients):
+    for i, ((prompts, group_size), gradient) in enumerate(zip(GRPO_ADVANTAGE_CASES, gradients)):
+        _, old, reference, rewards, mask = grpo_problem(seeds.generator(660 + i), prompts, group_size)
+        _judge_grpo({"gradient": gradient}, (old, old, reference, rewards, mask), group_size, GRPO_EPS, 0.0,
+                    f"{prompts} prompts × {group_size} replies, β = 0 and ratios 1: the gradient on a reply token is "
+                    "-A / N", compare=("gradient",))
+
+
+@grpo_loss_kl.judge
+def judge_grpo_loss_kl(seeds, results):
+    for i, (beta, data) in enumerate(zip(GRPO_KL_BETAS, results)):
+        log_probs, reference, rewards, mask = grpo_kl_problem(seeds, i)
+        _judge_grpo(data, (log_probs, log_probs, reference, rewards, mask), 3, GRPO_EPS, beta,
+                    f"equal rewards in every group, so every advantage is 0; β = {beta}")
+
+
+@grpo_loss_values.judge
+def judge_grpo_loss_values(seeds, results):
+    for i, ((prompts, group_size, eps, beta), data) in enumerate(zip(GRPO_VALUE_CASES, results)):
+        problem = grpo_problem(seeds.generator(680 + i), prompts, group_size)
+        _judge_grpo(data, problem, group_size, eps, beta, f"{prompts} prompts × {group_size} replies, ε = {eps}, β = {beta}")
 
 
 def oracle_dpo(policy, reference, batch, beta, variant="right"):

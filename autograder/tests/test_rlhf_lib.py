@@ -1,7 +1,8 @@
-"""courselib.rlhf, notebook 11's task and data: prompts cut from the course's stories at their turn, the
-annotators' hidden taste in sync with the corpus's templates, episodes sampled from the GPT and masked
-to the reply, preference pairs, the bag-of-words reward model, the frozen reference, and the reference
-versions of the exercises against independent oracles (transformers' causal-LM loss, torch.distributions)."""
+"""courselib.rlhf, notebook 11's task and data: prompts cut from the course's stories at their turn and wrapped
+in the chat template, SFT demonstrations, the annotators' hidden taste in sync with the corpus's templates,
+episodes sampled from the GPT and masked to the reply up to its <|endoftext|>, preference pairs, the
+bag-of-words reward model, the frozen reference, and the reference versions of the exercises against
+independent oracles (transformers' causal-LM loss, torch.distributions, loops)."""
 import collections
 import math
 
@@ -10,6 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from courselib import gpt, rlhf
+
+# One worker runs the whole module: its module-scoped fixtures are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_rlhf_lib")
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +27,26 @@ def shipped():
 @pytest.fixture(scope="module")
 def tokenizer(shipped):
     return shipped[1]
+
+
+@pytest.fixture(scope="module")
+def sft_model(shipped):
+    """The shipped GPT after the notebook's SFT run (30 steps of 32 demonstrations, Adam 1e-3): about 5 CPU seconds."""
+    model, tokenizer = shipped
+    prompts = rlhf.chat_prompts(tokenizer, 256, seed=4)
+    ids, lengths = rlhf.demonstrations(tokenizer, prompts)
+    tuned = rlhf.frozen_copy(model).train().requires_grad_(True)
+    optimizer = torch.optim.Adam(tuned.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    reply = (torch.arange(ids.shape[1]) >= prompts.ids.shape[1]) & (
+        torch.arange(ids.shape[1]) < prompts.ids.shape[1] + lengths[:, None])
+    for _ in range(30):
+        rows = torch.randint(len(ids), (32,), generator=generator)
+        loss = -rlhf.sequence_log_probs(tuned(ids[rows]), ids[rows], reply[rows]).sum() / lengths[rows].sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return tuned.eval()
 
 
 def tiny_gpt(vocab_size=7, seed=0):
@@ -67,6 +91,29 @@ def test_prompts_are_reproducible_and_differ_between_seeds(tokenizer):
     assert torch.equal(subset.ids, a.ids[[3, 0]]) and subset.kinds == [a.kinds[3], a.kinds[0]]
 
 
+def test_chat_prompts_wrap_the_story_tails_in_the_template(tokenizer):
+    stories, chats = rlhf.story_prompts(tokenizer, 20, seed=3), rlhf.chat_prompts(tokenizer, 20, seed=3)
+    user, assistant = tokenizer(rlhf.USER).input_ids, tokenizer(rlhf.ASSISTANT).input_ids
+    assert chats.ids.shape == (20, len(user) + rlhf.PROMPT_TOKENS + len(assistant)) == (20, 28)
+    assert torch.equal(chats.ids[:, len(user):len(user) + rlhf.PROMPT_TOKENS], stories.ids), "the story's own ids"
+    assert chats.kinds == stories.kinds and chats.continuations == stories.continuations
+    text = tokenizer.decode(chats.ids[0])
+    assert text.startswith("User:") and text.endswith("\nAssistant:") and tokenizer.decode(stories.ids[0]) in text
+
+
+def test_demonstrations_end_each_reply_with_its_end_token_and_pad_after_it(tokenizer):
+    prompts = rlhf.chat_prompts(tokenizer, 40, seed=4)
+    ids, lengths = rlhf.demonstrations(tokenizer, prompts)
+    length = prompts.ids.shape[1]
+    assert torch.equal(ids[:, :length], prompts.ids) and ids.shape[1] == length + lengths.max()
+    for row, n, continuation in zip(ids, lengths.tolist(), prompts.continuations):
+        assert row[length + n - 1] == rlhf.EOS_ID, "a reply ends with <|endoftext|>"
+        assert (row[length + n:] == rlhf.EOS_ID).all(), "the padding after it is <|endoftext|> too"
+        assert rlhf.EOS_ID not in row[length:length + n - 1].tolist()
+        assert tokenizer.decode(row[length:length + n - 1]) == continuation
+    assert tokenizer.eos_token_id == rlhf.EOS_ID == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+
 def test_true_score_of_turns_and_of_everything_else():
     assert rlhf.true_score("baking", " Then they put it in the oven and waited.") == rlhf.GOOD
     assert rlhf.true_score("baking", " But they forgot it in the oven, and it burned.") == rlhf.BAD
@@ -78,6 +125,27 @@ def test_true_score_of_turns_and_of_everything_else():
                         ("sharing", " They did not fight. They"), ("baking", " Then Then Then Then"),
                         ("sharing", "They did not fight."), ("baking", "")]:
         assert rlhf.true_score(kind, reply) == rlhf.BROKEN, (kind, reply)
+
+
+def test_true_scores_need_the_end_token_and_replies_show_a_reply_that_ran_on(tokenizer):
+    prompt = rlhf.chat_prompts(tokenizer, 1, seed=3)
+    kinds = prompt.kinds * 2
+    good = {"baking": " Then they put it in the oven and waited.", "sharing": " They did not fight.",
+            "lost toy": ' Mia looked under the bed and said, "Here it is!"'}[prompt.kinds[0]]
+    reply = tokenizer(good).input_ids
+    stops, runs_on = reply + [rlhf.EOS_ID, rlhf.EOS_ID], reply + tokenizer(" Then").input_ids + [rlhf.EOS_ID]
+    width = max(len(stops), len(runs_on))
+    ids = torch.cat([prompt.ids.expand(2, -1), torch.tensor([stops + [0] * (width - len(stops)),
+                                                             runs_on + [0] * (width - len(runs_on))])], dim=1)
+    mask = rlhf.response_mask(ids, prompt.ids.shape[1], torch.tensor([rlhf.EOS_ID]))
+    assert rlhf.stopped(ids, mask).tolist() == [True, True]
+    assert rlhf.true_scores(tokenizer, ids, mask, kinds).tolist() == [rlhf.GOOD, rlhf.BROKEN]
+    assert rlhf.replies(tokenizer, ids, mask) == [good, good + " Then"]
+    cut = mask.clone()
+    cut[0, prompt.ids.shape[1] + len(reply):] = False          # the same words, but no end token: it never stopped
+    assert rlhf.stopped(ids, cut).tolist() == [False, True]
+    assert rlhf.true_scores(tokenizer, ids, cut, kinds)[0] == rlhf.BROKEN
+    assert rlhf.replies(tokenizer, ids, cut)[0] == good + " …"
 
 
 # ------------------------------------------------------------------------------------------ episodes
@@ -131,25 +199,27 @@ def test_padded_episodes_keep_their_masks():
     assert padded_ids.tolist() == [[1, 2, 3, 0, 0]] and padded_mask.tolist() == [[False, True, True, False, False]]
 
 
-def test_the_shipped_gpt_writes_proper_turns_at_about_the_corpus_odds(shipped):
-    """The task needs a policy that writes the turns: if a new checkpoint stops doing so, notebook 11 breaks."""
+def test_sft_teaches_the_shipped_gpt_the_chat_format_at_about_the_corpus_odds(shipped, sft_model):
+    """Notebook 11's story: the pre-trained GPT does not answer in the chat template, and a short SFT makes it write
+    proper turns that stop. If a new checkpoint breaks either, notebook 11 breaks."""
     model, tokenizer = shipped
-    prompts = rlhf.story_prompts(tokenizer, 96, seed=3)
-    ids, mask = rlhf.sample_episodes(model, prompts.ids, torch.Generator().manual_seed(0), rlhf.end_token_ids(tokenizer))
-    scores = rlhf.true_scores(tokenizer, ids, mask, prompts.kinds)
-    assert (scores == rlhf.BROKEN).float().mean() <= 0.05, rlhf.replies(tokenizer, ids, mask)
+    prompts = rlhf.chat_prompts(tokenizer, 96, seed=3)
+    for policy, broken in ((model, (0.9, 1.0)), (sft_model, (0.0, 0.05))):
+        ids, mask = rlhf.sample_episodes(policy, prompts.ids, torch.Generator().manual_seed(0))
+        scores = rlhf.true_scores(tokenizer, ids, mask, prompts.kinds)
+        assert broken[0] <= (scores == rlhf.BROKEN).float().mean() <= broken[1], rlhf.replies(tokenizer, ids, mask)
     assert 0.5 <= (scores == rlhf.GOOD).float().mean() <= 0.85
 
 
-def test_preferences_drop_ties_and_mostly_follow_the_taste(shipped):
-    model, tokenizer = shipped
-    prompts = rlhf.story_prompts(tokenizer, 128, seed=4)
-    pairs, answered = rlhf.collect_preferences(model, tokenizer, prompts, torch.Generator().manual_seed(0),
-                                               rlhf.end_token_ids(tokenizer))
+def test_preferences_drop_ties_and_mostly_follow_the_taste(shipped, sft_model):
+    _, tokenizer = shipped
+    prompts = rlhf.chat_prompts(tokenizer, 128, seed=5)
+    pairs, answered = rlhf.collect_preferences(sft_model, tokenizer, prompts, torch.Generator().manual_seed(0))
+    length = prompts.ids.shape[1]
     assert 0 < len(pairs) == len(answered) < 128
     assert pairs.chosen.shape == pairs.rejected.shape == pairs.chosen_mask.shape == pairs.rejected_mask.shape
-    assert torch.equal(pairs.chosen[:, :rlhf.PROMPT_TOKENS], answered.ids)
-    assert torch.equal(pairs.rejected[:, :rlhf.PROMPT_TOKENS], answered.ids), "both replies answer the same prompt"
+    assert torch.equal(pairs.chosen[:, :length], answered.ids)
+    assert torch.equal(pairs.rejected[:, :length], answered.ids), "both replies answer the same prompt"
     chosen = rlhf.true_scores(tokenizer, pairs.chosen, pairs.chosen_mask, answered.kinds)
     rejected = rlhf.true_scores(tokenizer, pairs.rejected, pairs.rejected_mask, answered.kinds)
     assert (chosen != rejected).all(), "ties are dropped"
@@ -216,6 +286,48 @@ def test_kl_of_sampled_replies_matches_its_one_sample_estimate():
     difference = estimate - exact
     assert abs(difference.mean()) < 4 * difference.std() / math.sqrt(len(difference)), (exact.mean(), estimate.mean())
     assert exact.var() < estimate.var(), "the exact per-token KL is the lower-variance estimator"
+
+
+def test_token_log_probs_are_sequence_log_probs_token_by_token():
+    g = torch.Generator().manual_seed(2)
+    logits, ids = torch.randn(3, 7, 9, generator=g), torch.randint(9, (3, 7), generator=g)
+    mask = torch.arange(7) >= torch.tensor([[2], [3], [6]])
+    per_token = rlhf.token_log_probs(logits, ids)
+    assert per_token.shape == (3, 7) and (per_token[:, 0] == 0).all()
+    torch.testing.assert_close((per_token * mask).sum(dim=1), rlhf.sequence_log_probs(logits, ids, mask))
+    torch.testing.assert_close(per_token[1, 4], torch.log_softmax(logits[1, 3], dim=-1)[ids[1, 4]])
+
+
+def test_reference_rloo_advantages_leave_each_reply_out_of_its_own_group():
+    rewards = torch.randn(12, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = torch.stack([rewards[i] - torch.cat([rewards[i // 4 * 4:i], rewards[i + 1:i // 4 * 4 + 4]]).mean()
+                            for i in range(12)])
+    torch.testing.assert_close(rlhf.rloo_advantages(rewards, 4), expected)
+    # TRL's RLOOTrainer: (group sum - r) / (k - 1) as the baseline
+    grouped = rewards.view(-1, 4)
+    torch.testing.assert_close(rlhf.rloo_advantages(rewards, 4),
+                               (grouped - (grouped.sum(1, keepdim=True) - grouped) / 3).view(-1))
+
+
+def test_reference_ppo_clip_loss_is_the_pessimistic_surrogate_and_stops_where_clipped():
+    g = torch.Generator().manual_seed(4)
+    old = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.5
+    log_probs = (old + 0.4 * torch.randn(3, 5, generator=g, dtype=torch.float64)).requires_grad_(True)
+    advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    mask = torch.arange(5) >= torch.tensor([[1], [2], [4]])
+    terms = []
+    for b in range(3):
+        for t in range(5):
+            if mask[b, t]:
+                ratio = math.exp(log_probs[b, t].item() - old[b, t].item())
+                a = advantages[b].item()
+                terms.append(min(ratio * a, min(max(ratio, 0.8), 1.2) * a))
+    loss = rlhf.ppo_clip_loss(log_probs, old, advantages, mask, 0.2)
+    assert math.isclose(loss.item(), -sum(terms) / len(terms), rel_tol=1e-12)
+    loss.backward()
+    ratio = (log_probs - old).exp().detach()
+    clipped = ((ratio > 1.2) & (advantages[:, None] > 0)) | ((ratio < 0.8) & (advantages[:, None] < 0))
+    assert (log_probs.grad[clipped | ~mask] == 0).all() and (log_probs.grad[~clipped & mask] != 0).all()
 
 
 def test_pipeline_diagram_draws():

@@ -3,15 +3,40 @@ from autograder.tests.variants import WARN_AND_PRINT, Variant
 
 ASSIGNMENT = "11_rlhf"
 SEQUENCE = "sequence_log_probs_answer"
+SFT = "sft_loss_answer"
 REWARD = "reward_model_step_answer"
 KL = "sequence_kl_answer"
+RLOO = "rloo_advantages_answer"
 REINFORCE = "reinforce_step_answer"
+PPO = "ppo_clip_loss_answer"
+GRPO = "grpo_loss_answer"
 DPO = "dpo_loss_answer"
 RETURNS = "token_returns_answer"
+SFT_TESTS = ("sft_loss_values", "sft_loss_gradients")
+RLOO_TESTS = ("rloo_advantages_values", "rloo_advantages_behaviour")
+PPO_TESTS = ("ppo_clip_loss_values", "ppo_clip_loss_gradients", "ppo_clip_loss_epochs")
+GRPO_TESTS = ("grpo_loss_advantages", "grpo_loss_kl", "grpo_loss_values")
 
 
 def sequence(body):
     return "def sequence_log_probs(logits, input_ids, mask=None):\n" + body
+
+
+def sft(body):
+    return "def sft_loss(logits, input_ids, prompt_length, reply_lengths):\n" + body
+
+
+def rloo(body):
+    return "def rloo_advantages(rewards, group_size):\n" + body
+
+
+def ppo(body):
+    return "def ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps=0.2):\n" + body
+
+
+def grpo(body):
+    return ("def grpo_loss(log_probs, old_log_probs, ref_log_probs, rewards, mask, group_size, clip_eps=0.2, beta=0.04):\n"
+            + body)
 
 
 def reward(body):
@@ -23,7 +48,7 @@ def kl(body):
 
 
 def reinforce(body):
-    return "def reinforce_step(policy, reference, optimizer, input_ids, mask, rewards, beta):\n" + body
+    return "def reinforce_step(policy, reference, optimizer, input_ids, mask, rewards, beta, group_size):\n" + body
 
 
 def dpo(body):
@@ -58,8 +83,30 @@ LOG_PROBS = """
         reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)
 """
 LEAVE_ONE_OUT = """
-        baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
-        advantage = penalized - baseline
+        advantage = rloo_advantages(penalized, group_size)
+"""
+SFT_MASK = """
+    positions = torch.arange(input_ids.shape[1])
+    reply = (positions >= prompt_length) & (positions < prompt_length + reply_lengths[:, None])
+"""
+SFT_MEAN = """
+    labels = input_ids.masked_fill(~counted, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+"""
+PPO_RATIO = """
+    ratio = torch.exp(log_probs - old_log_probs)
+    A = advantages[:, None]
+"""
+PPO_MEAN = """
+    return -(surrogate * mask).sum() / mask.sum()
+"""
+GRPO_ADVANTAGES = """
+    g = rewards.reshape(-1, group_size)
+    A = ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + 1e-4)).reshape(-1)
+"""
+GRPO_K3 = """
+    log_r = ref_log_probs - log_probs
+    kl = ((torch.exp(log_r) - 1 - log_r) * mask).sum() / mask.sum()
 """
 DPO_LOG_PROBS = """
     pc = sequence_log_probs(policy(chosen), chosen, chosen_mask)
@@ -134,6 +181,34 @@ MUTANTS = [
     return _reference(logits, input_ids, mask)
 """)}, loses=("sequence_log_probs_shapes", "sequence_log_probs_values",
               "sequence_log_probs_stable_and_differentiable"), message="flagged for review"),
+    # ---- sft_loss
+    Variant("sft_loss_on_the_prompt_too", {SFT: sft("""
+    positions = torch.arange(input_ids.shape[1])
+    counted = positions < prompt_length + reply_lengths[:, None]          # the prompt and the reply""" + SFT_MEAN)},
+            loses=SFT_TESTS, message="prompt"),
+    Variant("sft_shift_forgotten", {SFT: sft(SFT_MASK + """
+    labels = input_ids.masked_fill(~reply, -100)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+""")}, loses=SFT_TESTS, message="misaligned"),
+    Variant("sft_padding_counted", {SFT: sft("""
+    counted = (torch.arange(input_ids.shape[1]) >= prompt_length).expand_as(input_ids)""" + SFT_MEAN)},
+            loses=SFT_TESTS, message="padding"),
+    Variant("sft_end_token_masked_with_the_padding", {SFT: sft("""
+    counted = (torch.arange(input_ids.shape[1]) >= prompt_length) & (input_ids != 0)      # drops the real end too"""
+                                                              + SFT_MEAN)},
+            loses=SFT_TESTS, message="<|endoftext|>"),
+    Variant("sft_mean_per_reply", {SFT: sft(SFT_MASK + """
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    counted = reply[:, 1:].float()
+    return -((log_probs * counted).sum(dim=1) / counted.sum(dim=1)).mean()
+""")}, loses=("sft_loss_values",), message="averaged each reply"),
+    Variant("sft_hard_coded_visible_answers", {SFT: sft("""
+    return logits.sum() * 0 + 0.4751
+""")}, loses=SFT_TESTS, message="is wrong"),
+    Variant("sft_calls_transformers_loss", {SFT: sft(SFT_MASK + """
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    return ForCausalLMLoss(logits, input_ids.masked_fill(~reply, -100), vocab_size=logits.shape[-1])
+""")}, loses=SFT_TESTS, message="flagged for review"),
     # ---- reward_model_step
     Variant("reward_sign_reversed", {REWARD: reward(REWARDS + """
     loss = -F.logsigmoid(r_rejected - r_chosen).mean()
@@ -196,14 +271,52 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     per_position = _kl(Categorical(logits=policy_logits[:, :-1]), Categorical(logits=reference_logits[:, :-1]))
     return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
 """)}, loses=("sequence_kl_values", "sequence_kl_properties"), message="flagged for review"),
+    # ---- rloo_advantages
+    Variant("rloo_sample_left_in_its_group_mean", {RLOO: rloo("""
+    g = rewards.reshape(-1, group_size)
+    return (g - g.mean(dim=1, keepdim=True)).reshape(-1)
+""")}, loses=("rloo_advantages_values",), message="own group's mean"),
+    Variant("rloo_batch_leave_one_out", {RLOO: rloo("""
+    return rewards - (rewards.sum() - rewards) / (len(rewards) - 1)
+""")}, loses=RLOO_TESTS, message="whole batch"),
+    Variant("rloo_batch_mean", {RLOO: rloo("""
+    return rewards - rewards.mean()
+""")}, loses=("rloo_advantages_values",), message="batch mean"),
+    Variant("rloo_strided_groups", {RLOO: rloo("""
+    g = rewards.reshape(group_size, -1)                 # columns are not the prompts' groups
+    return (g - (g.sum(dim=0, keepdim=True) - g) / (group_size - 1)).reshape(-1)
+""")}, loses=("rloo_advantages_values",), message="strided"),
+    Variant("rloo_hard_coded_visible_answers", {RLOO: rloo("""
+    if rewards.shape == (6,):
+        return torch.tensor([-3.0, -1.5, 4.5, -1.5, -1.5, 3.0])
+    return torch.zeros_like(rewards)
+""")}, loses=RLOO_TESTS, message="is wrong"),
+    Variant("rloo_calls_the_course_reference", {RLOO: rloo("""
+    return rlhf.rloo_advantages(rewards, group_size)
+""")}, loses=RLOO_TESTS, message="flagged for review"),
     # ---- reinforce_step
     Variant("reinforce_baseline_includes_its_own_reward", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio
+        groups = penalized.reshape(-1, group_size)
+        advantage = (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="own reward"),
+    Variant("reinforce_baseline_over_the_whole_batch", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio
+        advantage = penalized - (penalized.sum() - penalized) / (len(penalized) - 1)
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_update",), message="whole batch"),
+    Variant("reinforce_batch_mean_baseline", {REINFORCE: reinforce(LOG_PROBS + """
         log_ratio = log_probs.detach() - reference_log_probs
         penalized = rewards - beta * log_ratio
         advantage = penalized - penalized.mean()
     loss = -(advantage * log_probs).mean()""" + STEP + """
     return penalized, log_ratio
-""")}, loses=("reinforce_step_update",), message="own reward"),
+""")}, loses=("reinforce_step_update",), message="batch mean"),
     Variant("reinforce_without_baseline", {REINFORCE: reinforce(LOG_PROBS + """
         log_ratio = log_probs.detach() - reference_log_probs
         penalized = rewards - beta * log_ratio
@@ -215,8 +328,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     with torch.no_grad():
         reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)
     penalized = rewards - beta * (log_probs - reference_log_probs)      # not a constant
-    baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
-    loss = -((penalized - baseline) * log_probs).mean()""" + STEP + """
+    loss = -(rloo_advantages(penalized, group_size) * log_probs).mean()""" + STEP + """
     return penalized.detach(), (log_probs - reference_log_probs).detach()
 """)}, loses=("reinforce_step_update",), message="flowed through"),
     Variant("reinforce_kl_wrong_direction", {REINFORCE: reinforce(LOG_PROBS + """
@@ -245,8 +357,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     reference_log_probs = sequence_log_probs(reference(input_ids), input_ids, mask)   # builds a graph
     log_ratio = log_probs.detach() - reference_log_probs
     penalized = rewards - beta * log_ratio
-    baseline = (penalized.sum() - penalized) / (len(penalized) - 1)
-    loss = -((penalized - baseline) * log_probs).mean()""" + STEP + """
+    loss = -(rloo_advantages(penalized, group_size) * log_probs).mean()""" + STEP + """
     return penalized.detach(), log_ratio.detach()
 """)}, loses=("reinforce_step_update",), message="frozen"),
     Variant("reinforce_sums_over_the_batch", {REINFORCE: reinforce(LOG_PROBS + """
@@ -255,6 +366,80 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     loss = -(advantage * log_probs).sum()""" + STEP + """
     return penalized, log_ratio
 """)}, loses=("reinforce_step_update",), message="summed"),
+    Variant("reinforce_calls_the_course_baseline", {REINFORCE: reinforce(LOG_PROBS + """
+        log_ratio = log_probs.detach() - reference_log_probs
+        penalized = rewards - beta * log_ratio
+        advantage = rlhf.rloo_advantages(penalized, group_size)      # the course's answer, by its own name
+    loss = -(advantage * log_probs).mean()""" + STEP + """
+    return penalized, log_ratio
+""")}, loses=("reinforce_step_penalized_reward", "reinforce_step_update", "reinforce_step_finds_the_optimum"),
+        message="flagged for review"),
+    # ---- ppo_clip_loss
+    Variant("ppo_ratio_inverted", {PPO: ppo("""
+    ratio = torch.exp(old_log_probs - log_probs)
+    A = advantages[:, None]
+    surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps, 1 + clip_eps) * A)""" + PPO_MEAN)},
+            loses=PPO_TESTS, message="upside down"),
+    Variant("ppo_max_instead_of_min", {PPO: ppo(PPO_RATIO + """
+    surrogate = torch.maximum(ratio * A, ratio.clamp(1 - clip_eps, 1 + clip_eps) * A)""" + PPO_MEAN)},
+            loses=PPO_TESTS, message="maximum"),
+    Variant("ppo_clips_the_advantage", {PPO: ppo(PPO_RATIO + """
+    surrogate = torch.minimum(ratio * A, ratio * A.clamp(1 - clip_eps, 1 + clip_eps))""" + PPO_MEAN)},
+            loses=PPO_TESTS, message="clipped the advantage"),
+    Variant("ppo_without_the_clip", {PPO: ppo(PPO_RATIO + """
+    surrogate = ratio * A""" + PPO_MEAN)}, loses=PPO_TESTS, message="nothing was clipped"),
+    Variant("ppo_min_of_the_ratios", {PPO: ppo(PPO_RATIO + """
+    surrogate = torch.minimum(ratio, ratio.clamp(1 - clip_eps, 1 + clip_eps)) * A""" + PPO_MEAN)},
+            loses=("ppo_clip_loss_values", "ppo_clip_loss_gradients"), message="RATIOS"),
+    Variant("ppo_mean_over_every_position", {PPO: ppo(PPO_RATIO + """
+    surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps, 1 + clip_eps) * A)
+    return -surrogate.mean()
+""")}, loses=("ppo_clip_loss_values", "ppo_clip_loss_gradients"), message="every position"),
+    Variant("ppo_hard_coded_visible_answers", {PPO: ppo("""
+    return log_probs.sum() * 0 - 5.6 / 3
+""")}, loses=PPO_TESTS, message="is wrong"),
+    Variant("ppo_calls_the_course_reference", {PPO: ppo("""
+    return rlhf.ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps)
+""")}, loses=PPO_TESTS, message="flagged for review"),
+    # ---- grpo_loss
+    Variant("grpo_std_of_the_batch", {GRPO: grpo("""
+    g = rewards.reshape(-1, group_size)
+    A = ((g - g.mean(dim=1, keepdim=True)) / (rewards.std() + 1e-4)).reshape(-1)""" + GRPO_K3 + """
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+""")}, loses=("grpo_loss_advantages", "grpo_loss_values"), message="std of the whole batch"),
+    Variant("grpo_sample_left_out_of_its_group_mean", {GRPO: grpo("""
+    g = rewards.reshape(-1, group_size)
+    others = (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    A = ((g - others) / (g.std(dim=1, keepdim=True) + 1e-4)).reshape(-1)""" + GRPO_K3 + """
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+""")}, loses=("grpo_loss_advantages", "grpo_loss_values"), message="left the reply out"),
+    Variant("grpo_population_std", {GRPO: grpo("""
+    g = rewards.reshape(-1, group_size)
+    A = ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True, unbiased=False) + 1e-4)).reshape(-1)"""
+                                               + GRPO_K3 + """
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+""")}, loses=("grpo_loss_advantages", "grpo_loss_values"), message="population std"),
+    Variant("grpo_kl_in_the_reward", {GRPO: grpo("""
+    log_r = (ref_log_probs - log_probs).detach()
+    penalized = rewards - beta * ((torch.exp(log_r) - 1 - log_r) * mask).sum(dim=1)
+    g = penalized.reshape(-1, group_size)
+    A = ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + 1e-4)).reshape(-1)
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps)
+""")}, loses=("grpo_loss_kl", "grpo_loss_values"), message="in the reward"),
+    Variant("grpo_k1_instead_of_k3", {GRPO: grpo(GRPO_ADVANTAGES + """
+    kl = ((log_probs - ref_log_probs) * mask).sum() / mask.sum()
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+""")}, loses=("grpo_loss_kl", "grpo_loss_values"), message="k1"),
+    Variant("grpo_kl_sign", {GRPO: grpo(GRPO_ADVANTAGES + GRPO_K3 + """
+    return ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) - beta * kl
+""")}, loses=("grpo_loss_kl", "grpo_loss_values"), message="wrong sign"),
+    Variant("grpo_hard_coded_visible_answers", {GRPO: grpo("""
+    r = torch.tensor([2.0, 1.0, 0.25, 4.0])                  # the visible KL test's ratios
+    return log_probs.sum() * 0 + 0.5 * (r - 1 - torch.log(r)).mean()
+""")}, loses=GRPO_TESTS, message="is wrong"),
+    Variant("grpo_calls_the_course_clipped_loss", {GRPO: grpo(GRPO_ADVANTAGES + GRPO_K3 + """
+    return rlhf.ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+""")}, loses=GRPO_TESTS, message="flagged for review"),
     # ---- dpo_loss
     Variant("dpo_log_ratios_swapped", {DPO: dpo(DPO_LOG_PROBS + """
     pi_logratios = pc - pr
@@ -356,8 +541,9 @@ ALTERNATIVES = [
     with torch.no_grad():
         log_ratio = log_probs - sequence_log_probs(reference(input_ids), input_ids, mask)
         penalized = rewards - beta * log_ratio
-        n = len(penalized)
-        advantage = n / (n - 1) * (penalized - penalized.mean())   # R_i minus the mean of the others
+        groups = penalized.reshape(-1, group_size)
+        k = group_size                                             # R_i minus the mean of the others, in closed form
+        advantage = (k / (k - 1) * (groups - groups.mean(dim=1, keepdim=True))).reshape(-1)
     optimizer.zero_grad()
     (-(advantage * log_probs).mean()).backward()
     optimizer.step()
@@ -372,13 +558,77 @@ ALTERNATIVES = [
     with torch.no_grad():
         log_ratio = log_probs - log_probs_of(reference)
     penalized = (rewards - beta * log_ratio).detach()
-    others = (penalized.sum() - penalized) / (len(penalized) - 1)
+    others = torch.stack([torch.cat([group[:i], group[i + 1:]]).mean()
+                          for group in penalized.split(group_size) for i in range(group_size)])
     ratio = torch.exp(log_probs - log_probs.detach())          # 1, with the gradient of log π (PPO's form)
     loss = -((penalized - others) * ratio).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
     return penalized, log_ratio.detach()
+""")}),
+    Variant("sft_log_softmax_masked_mean", {SFT: sft(SFT_MASK + """
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    counted = reply[:, 1:]
+    return -torch.where(counted, picked, torch.zeros_like(picked)).sum() / counted.sum()
+""")}),
+    Variant("sft_loop_over_the_replies", {SFT: sft("""
+    total, count = 0.0, 0
+    for row, length in zip(range(len(input_ids)), reply_lengths.tolist()):
+        for t in range(prompt_length, prompt_length + length):
+            total = total - torch.log_softmax(logits[row, t - 1], dim=-1)[input_ids[row, t]]
+            count += 1
+    return total / count
+""")}),
+    Variant("sft_with_my_sequence_log_probs", {SFT: sft("""
+    positions = torch.arange(input_ids.shape[1])
+    in_reply = (positions >= prompt_length) & (positions < prompt_length + reply_lengths[:, None])
+    return -sequence_log_probs(logits, input_ids, in_reply).sum() / reply_lengths.sum()
+""")}),
+    Variant("rloo_closed_form", {RLOO: rloo("""
+    k = group_size
+    groups = rewards.reshape(-1, k)
+    return (k / (k - 1) * (groups - groups.mean(dim=1, keepdim=True))).reshape(-1)
+""")}),
+    Variant("rloo_loop", {RLOO: rloo("""
+    advantages = []
+    for i in range(len(rewards)):
+        start = i // group_size * group_size
+        others = [rewards[j] for j in range(start, start + group_size) if j != i]
+        advantages.append(rewards[i] - sum(others) / len(others))
+    return torch.stack(advantages)
+""")}),
+    Variant("ppo_with_torch_where", {PPO: ppo(PPO_RATIO + """
+    # the minimum of the two products is a one-sided clip: from above when A > 0, from below when A < 0
+    bounded = torch.where(A > 0, torch.clamp(ratio, max=1 + clip_eps), torch.clamp(ratio, min=1 - clip_eps))
+    return -(bounded * A)[mask].mean()
+""")}),
+    Variant("ppo_pessimism_as_a_max_of_losses", {PPO: ppo(PPO_RATIO + """
+    losses = torch.maximum(-ratio * A, -torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * A)   # TRL's form
+    return (losses * mask).sum() / mask.sum()
+""")}),
+    Variant("ppo_loop_over_tokens", {PPO: ppo("""
+    terms = []
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if mask[b, t]:
+                ratio = torch.exp(log_probs[b, t] - old_log_probs[b, t])
+                a = advantages[b]
+                terms.append(torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a))
+    return -torch.stack(terms).mean()
+""")}),
+    Variant("grpo_inline", {GRPO: grpo(GRPO_ADVANTAGES + """
+    ratio = torch.exp(log_probs - old_log_probs)
+    surrogate = torch.minimum(ratio * A[:, None], ratio.clamp(1 - clip_eps, 1 + clip_eps) * A[:, None])
+    log_r = ref_log_probs - log_probs
+    per_token = surrogate - beta * (log_r.exp() - log_r - 1)
+    return -(per_token * mask).sum() / mask.sum()
+""")}),
+    Variant("grpo_groups_by_loop", {GRPO: grpo("""
+    advantages = torch.cat([(group - group.mean()) / (group.std() + 1e-4) for group in rewards.split(group_size)])
+    rho = (ref_log_probs - log_probs).exp()
+    kl = ((rho - torch.log(rho) - 1) * mask).sum() / mask.sum()
+    return ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps) + beta * kl
 """)}),
     Variant("dpo_paper_formula", {DPO: dpo(DPO_LOG_PROBS + """
     pi_logratios = pc - pr
