@@ -14,7 +14,8 @@ A cell that does not parse is opaque: it reads and changes everything.
 
 `Cell.follow(tainted)` follows a change through a cell: a statement that uses a tainted name taints
 what it binds, and each change whose deciding names are tainted taints its object (a call in which
-nothing is tainted does what it did before). The test suite's replay (autograder/replay.py) uses it to
+nothing is tainted does what it did before); a statement that uses none binds its `rebinds` afresh,
+so they are no longer tainted (a test cell's `model = GPT(...)` after another test's `model`). The test suite's replay (autograder/replay.py) uses it to
 find the cells a variant's answers reach.
 """
 import ast
@@ -32,6 +33,7 @@ class Step:
     binds: frozenset
     uses: frozenset
     changes: tuple     # (deciding names, the name of the object changed)
+    rebinds: frozenset = frozenset()   # the names it binds whatever happens (not under an if, loop or try)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,8 @@ class Cell:
             if step.uses & tainted:
                 touched = True
                 tainted |= step.binds
+            else:   # a name bound afresh from untainted names is untainted, whatever it held before
+                tainted -= step.rebinds
             tainted |= {name for deciding, name in step.changes if deciding & tainted}
         return touched, tainted
 
@@ -83,10 +87,39 @@ def cell_names(source):
         uses = frozenset(visitor.uses - BUILTIN_NAMES)
         changes = tuple(sorted({(frozenset(deciding) if deciding is not None else uses, name)
                                 for deciding, name in visitor.changes}, key=repr))
-        steps.append(Step(frozenset(visitor.reads - BUILTIN_NAMES), frozenset(visitor.binds), uses, changes))
+        steps.append(Step(frozenset(visitor.reads - BUILTIN_NAMES), frozenset(visitor.binds), uses, changes,
+                          frozenset(_rebinds(statement))))
         bound |= visitor.binds
         imports |= visitor.imports
     return Cell(tuple(steps), frozenset(imports))
+
+
+def _rebinds(statement):
+    """The names a top-level statement binds whenever it completes: plain assignments to names, `def`,
+    `class`, imports, and the same inside a `with` block's body. A binding under an if, a loop or a try
+    may not happen, so the name may keep what it held."""
+    if isinstance(statement, ast.Assign):
+        return {n.id for target in statement.targets for n in _name_targets(target)}
+    if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        return {n.id for n in _name_targets(statement.target)}
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in statement.names if a.name != "*"}
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return set().union(*(_rebinds(inner) for inner in statement.body))
+    return set()
+
+
+def _name_targets(target):
+    """The names of an assignment target that is a name or a tuple/list of names; none otherwise
+    (`x.a = ...` and `x[i] = ...` change x, they do not bind it)."""
+    if isinstance(target, ast.Name):
+        return [target]
+    if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, (ast.Name, ast.Starred)) for e in target.elts):
+        return [e if isinstance(e, ast.Name) else e.value for e in target.elts if isinstance(e, ast.Name) or
+                isinstance(e.value, ast.Name)]
+    return []
 
 
 def _base_name(node):
@@ -121,7 +154,12 @@ class _Statement(ast.NodeVisitor):
             self._read(target)
 
     def _read(self, node):
+        # a comprehension's own variables are local to it: `[f(s) for s in xs]` reads xs and f, not a global s
+        local = {n.id for c in ast.walk(node) if isinstance(c, ast.comprehension)
+                 for n in ast.walk(c.target) if isinstance(n, ast.Name)}
         for child in ast.walk(node):
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in local:
+                continue
             if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load):
                 self.uses.add(child.id)
                 if child.id not in self.bound:
