@@ -288,6 +288,10 @@ def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignment
     if os.geteuid() != 0:
         raise SystemExit("the hub's setup creates system users and starts servers as them: run it as root "
                          "(sudo make hub)")
+    for needed in (REPO_ROOT, pathlib.Path(sys.prefix)):
+        if pathlib.Path(os.path.realpath(needed)).is_relative_to("/tmp"):
+            raise SystemExit(f"{needed} is under /tmp, which every hub user sees as a private, empty /tmp: "
+                             "put the course (and its .venv) anywhere else, e.g. /srv or /opt")
     members = read_roster(roster_path)
     root = pathlib.Path(folder).resolve()
     settings = Settings(dir=str(root), ip=ip, port=int(port),

@@ -392,9 +392,9 @@ _tokenize = BPE.tokenize   # the compiled Model.tokenize, captured now
     return [token.value for token in _tokenize(model, word)]
 """)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
             message="flagged for review"),
-    # The hidden checks' module is importable in the kernel too: its reference code is no answer either.
+    # The judges' module holds the reference: it is not in the sandbox, and a cell that imports it zeroes the notebook.
     Variant("encode_with_the_hidden_checks_reference", {ENCODE: """
-from autograder.checks.tokenization import _by_rank
+from autograder.judges.tokenization import _by_rank
 
 """ + encode("""
     return _by_rank(list(word[:-1]) + [word[-1] + "</w>"], merges)
