@@ -392,12 +392,19 @@ _tokenize = BPE.tokenize   # the compiled Model.tokenize, captured now
     return [token.value for token in _tokenize(model, word)]
 """)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
             message="flagged for review"),
-    # The judges' module holds the reference: it is not in the sandbox, and a cell that imports it zeroes the notebook.
+    # A correct answer in a cell that also imports the grader's own module: the notebook scores 0, flagged.
     Variant("encode_with_the_hidden_checks_reference", {ENCODE: """
-from autograder.judges.tokenization import _by_rank
+import autograder.checks.tokenization as grader_checks
 
 """ + encode("""
-    return _by_rank(list(word[:-1]) + [word[-1] + "</w>"], merges)
+    symbols = [*word[:-1], word[-1] + "</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i:i + 2] = [left + right]
+            i += 1
+    return symbols
 """)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
             message="flagged for review"),
     Variant("wordpiece_from_transformers_legacy_python", {WORDPIECE: """
