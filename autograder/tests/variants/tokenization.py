@@ -18,6 +18,19 @@ def train(body):
     return "def train_bpe(corpus, num_merges):\n" + body
 
 
+# a correct bpe_encode: replay the merges in the order they were learned
+ENCODE_BY_REPLAYING_MERGES = """
+    symbols = [*word[:-1], word[-1] + "</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i:i + 2] = [left + right]
+            i += 1
+    return symbols
+"""
+
+
 def encode(body):
     return "def bpe_encode(word, merges):\n" + body
 
@@ -396,16 +409,7 @@ _tokenize = BPE.tokenize   # the compiled Model.tokenize, captured now
     Variant("encode_with_the_hidden_checks_reference", {ENCODE: """
 import autograder.checks.tokenization as grader_checks
 
-""" + encode("""
-    symbols = [*word[:-1], word[-1] + "</w>"]
-    for left, right in merges:
-        i = 0
-        while i < len(symbols) - 1:
-            if symbols[i] == left and symbols[i + 1] == right:
-                symbols[i:i + 2] = [left + right]
-            i += 1
-    return symbols
-""")}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
+""" + encode(ENCODE_BY_REPLAYING_MERGES)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
             message="flagged for review"),
     Variant("wordpiece_from_transformers_legacy_python", {WORDPIECE: """
 from transformers.models.bert.tokenization_bert_legacy import WordpieceTokenizer as _Wordpiece
@@ -589,16 +593,7 @@ ALTERNATIVES = [
     return merges
 """)}),
     # bpe_encode: replay the merges in the order they were learned
-    Variant("bpe_encode_replays_merges_in_order", {ENCODE: encode("""
-    symbols = [*word[:-1], word[-1] + "</w>"]
-    for left, right in merges:
-        i = 0
-        while i < len(symbols) - 1:
-            if symbols[i] == left and symbols[i + 1] == right:
-                symbols[i:i + 2] = [left + right]
-            i += 1
-    return symbols
-""")}),
+    Variant("bpe_encode_replays_merges_in_order", {ENCODE: encode(ENCODE_BY_REPLAYING_MERGES)}),
     Variant("bpe_encode_recursive_best_rank", {ENCODE: encode("""
     rank = {tuple(pair): r for r, pair in enumerate(merges)}
     def step(symbols):
