@@ -11,7 +11,8 @@ the gradebook. Then, in that same kernel, before it shuts down, `ReplayExecute` 
 running only the cells the variant reaches:
 1. the answer cells it replaces, with its sources;
 2. every later test cell that reads or changes, directly or through earlier cells, a name those answers
-   bind (autograder/source.py reads this off the sources), and the cells such test cells need;
+   bind (autograder/source.py reads this off the sources), and the cells such test cells need; or, for
+   a variant whose caller wants only some verdicts (a mutant's own tests), those test cells among them;
 3. each cell starts from the random state (torch, NumPy, `random`) that the reference run had at that
    cell, so that a test with unseeded inputs sees the inputs a full run would give it;
 4. test cells are armed with the tokens a full grading run with the same key would give them, their
@@ -53,20 +54,24 @@ SHADOW_STORE = "__autograder_replay_shadowed__"   # the values of the names a va
 
 @dataclasses.dataclass
 class Plan:
-    """Which cells one variant runs (ascending indices), and which of them put the kernel back after."""
+    """Which cells one variant runs (ascending indices), which of them put the kernel back after, and
+    which reached test cells it leaves undecided (not among its targets, and needed by none of them)."""
     run: list
     restore: list
+    undecided: list = dataclasses.field(default_factory=list)
 
 
-def plan(sources, armed, replaced):
+def plan(sources, armed, replaced, targets=None):
     """The cells a variant that replaces the answer cells `replaced` ({index: new source}) must run.
 
     `sources` are the notebook's cells as graded (None for markdown), `armed` the indices of its test
-    cells. The names the replaced cells bind or change are tainted, and a later cell that uses a tainted
-    name is reached (autograder/source.py); names bound by imports are library code, never tainted.
-    Reached test cells run; a reached cell that is not a test runs only when a cell that runs after it
-    reads what it taints. Afterwards the kernel gets back what the variant tainted and later cells read:
-    the cells that ran, but test cells only when they bind a name that a cell reads before binding it."""
+    cells, `targets` those whose verdicts the caller wants (all of them by default). The names the
+    replaced cells bind or change are tainted, and a later cell that uses a tainted name is reached
+    (autograder/source.py); names bound by imports are library code, never tainted. Reached target
+    cells run; any other reached cell runs only when a cell that runs after it reads what it taints.
+    Afterwards the kernel gets back what the variant tainted and later cells read: the cells that ran,
+    but test cells only when they bind a name that a cell reads before binding it."""
+    targets = set(armed) if targets is None else set(targets)
     cells = {i: cell_names(s) for i, s in enumerate(sources) if s is not None}
     library = set().union(*(c.imports for c in cells.values())) - {"*"}
     tainted = set()
@@ -86,13 +91,13 @@ def plan(sources, armed, replaced):
             tainted = (after - library) | (after & {"*"})
     needed, wanted = set(), set()
     for index in sorted(reached, reverse=True):
-        if index in armed or cells[index].opaque or "*" in wanted or reached[index] & wanted:
+        if index in targets or cells[index].opaque or "*" in wanted or reached[index] & wanted:
             needed.add(index)
             wanted |= cells[index].reads
     run = sorted(set(replaced) | needed)
     read_somewhere = set().union(*(c.reads for c in cells.values()))
     restore = [i for i in run if i not in armed or "*" in read_somewhere or reached.get(i, set()) & read_somewhere]
-    return Plan(run, restore)
+    return Plan(run, restore, sorted(i for i in reached if i in armed and i not in needed))
 
 
 def shadowed_names(sources, replaced):
@@ -122,7 +127,8 @@ class ReplayExecute(GuardedExecute):
     """`GuardedExecute` that, once the reference notebook has run and been judged, grades the variants
     of `ReplayExecute.pending` in the same kernel (see the module's docstring)."""
 
-    pending = None      # [(name, {answer grade_id: source})], set by replay() for the next autograde here
+    pending = None      # [(name, {answer grade_id: source}, the test grade_ids wanted or None for all)], set by
+                        # replay() for the next autograde here
     results = None      # name -> Outcome, filled in as variants are graded
 
     def preprocess(self, nb, resources=None, km=None):
@@ -155,9 +161,11 @@ class ReplayExecute(GuardedExecute):
         dirty = []  # cells the last variant left as it ran them, to put back before a variant that reads them
         try:
             while ReplayExecute.pending:
-                name, answers = ReplayExecute.pending[0]
+                name, answers, wanted = ReplayExecute.pending[0]
                 replaced = {answer_at[grade_id]: source for grade_id, source in answers.items()}
-                steps = plan(sources, set(self._armed), replaced)
+                targets = None if wanted is None else {i for i, (grade_id, _, _) in self._armed.items()
+                                                       if grade_id in wanted}
+                steps = plan(sources, set(self._armed), replaced, targets)
                 # a cell the next variant runs anyway needs no putting back: mutants of one answer follow
                 # each other, and each runs the cells the last one left
                 self._put_back([index for index in dirty if index not in steps.run], resources)
@@ -214,6 +222,9 @@ class ReplayExecute(GuardedExecute):
         finally:
             self._routes, self._taken = saved
         outcome = score(graded, findings, flags, self.config, len(ran))
+        for index in steps.undecided:  # reached, but no target needed it: its verdict is not known
+            grade_id = self._armed[index][0]
+            del outcome.scores[grade_id], outcome.messages[grade_id]
         if findings:
             raise Restart(outcome)
         return outcome
@@ -261,9 +272,15 @@ def score(nb, findings, flags, config, cells_run):
     return Outcome(scores, messages, graded_findings(nb), [], cells_run)
 
 
-def replay(assignment_id, variants, cell_timeout=None):
+def replay(assignment_id, variants, cell_timeout=None, wanted=None):
     """Grade `variants` ({name: {answer grade_id: source}}) of one notebook; returns (the reference's
-    Report from the real path, {name: Outcome}). Variants that need a fresh kernel get one."""
+    Report from the real path, {name: Outcome}). Variants that need a fresh kernel get one.
+
+    `wanted` ({name: test grade_ids}) limits a variant to the verdicts of those test cells (and of the
+    cells they need): a mutant that must lose on its own exercise's tests does not also train the
+    notebook's model. Its Outcome then leaves out every test cell it reached without deciding; the
+    others (all, for a variant not in `wanted`) are decided as a full grading run decides them."""
+    wanted = wanted or {}
     from autograder import grading
     from autograder.submissions import student_notebook
     source_nb = grading.source_notebook(assignment_id)
@@ -272,7 +289,7 @@ def replay(assignment_id, variants, cell_timeout=None):
         path = pathlib.Path(tmp) / f"{assignment_id}.ipynb"
         nbformat.write(student_notebook(assignment_id), path)
         while remaining or reference is None:
-            ReplayExecute.pending = list(remaining.items())
+            ReplayExecute.pending = [(name, answers, wanted.get(name)) for name, answers in remaining.items()]
             ReplayExecute.results = results
             try:
                 report = grading.check_notebook(path, assignment_id, cell_timeout, executor=ReplayExecute)

@@ -41,3 +41,20 @@ def test_a_comprehension_variable_is_not_the_global_of_the_same_name():
 def test_a_function_reads_its_globals_when_it_runs():
     cells = ["def helper():\n    return model(2)", "y = helper()"]
     assert reached(cells, {"model"}) == [0, 1]
+
+
+def test_a_variant_that_wants_one_verdict_runs_only_what_that_test_needs():
+    from autograder.replay import plan
+    sources = ["def model(x):\n    return x",            # 0: the answer
+               "check_model(model)",                      # 1: its test
+               "trained = train(model)",                  # 2: an expensive cell
+               "check_training(trained)",                 # 3: a later test that needs it
+               "pair = (model(1), model(2))",              # 4
+               "check_pair(pair)"]                         # 5: a later test that needs the cell before it
+    tests = {1, 3, 5}
+    everything = plan(sources, tests, {0: "def model(x):\n    return -x"})
+    assert everything.run == [0, 1, 2, 3, 4, 5] and everything.undecided == []
+    own = plan(sources, tests, {0: "def model(x):\n    return -x"}, targets={1})
+    assert own.run == [0, 1] and own.undecided == [3, 5]
+    later = plan(sources, tests, {0: "def model(x):\n    return -x"}, targets={1, 5})
+    assert later.run == [0, 1, 4, 5] and later.undecided == [3]

@@ -24,12 +24,19 @@ _replays = {}
 
 
 def replayed(assignment_id):
-    """(the reference's report, {"mutant:<name>" / "alternative:<name>": Outcome}), once per process."""
+    """(the reference's report, {"mutant:<name>" / "alternative:<name>": Outcome}), once per process.
+
+    A mutant is asserted on the tests it names (`loses`), so the replay decides those (and runs what they
+    need) and leaves the rest of what it reaches undecided: a mutant of the attention does not train the
+    notebook's model. Alternatives, which must keep full marks everywhere, and the sampled mutant, which
+    the real path checks cell by cell, are decided on every test cell."""
     if assignment_id not in _replays:
         mutants, alternatives = VARIANTS[assignment_id]
         variants = {**{f"mutant:{v.name}": v.answers for v in mutants},
                     **{f"alternative:{v.name}": v.answers for v in alternatives}}
-        _replays[assignment_id] = replay(assignment_id, variants)
+        fully = {f"{kind}:{v.name}" for kind, v in sample(assignment_id)}
+        wanted = {f"mutant:{v.name}": set(v.loses) for v in mutants if f"mutant:{v.name}" not in fully}
+        _replays[assignment_id] = replay(assignment_id, variants, wanted=wanted)
     return _replays[assignment_id]
 
 
@@ -77,6 +84,7 @@ def test_mutant_loses_points(case):
     assert any(earned < worth for earned, worth in outcome.scores.values()), (
         f"mutant {mutant.name} got full marks: the tests cannot catch it")
     for grade_id in mutant.loses:
+        assert grade_id in outcome.scores, f"{grade_id} is not a test cell of {assignment_id}"
         earned, worth = outcome.scores[grade_id]
         assert earned < worth, f"mutant {mutant.name} should lose points on {grade_id}"
         assert outcome.messages[grade_id], f"{grade_id} failed without a message"
