@@ -15,12 +15,12 @@ import nbformat
 import pytest
 from sqlalchemy import text
 
-from autograder import classroom, demo
+from autograder import classroom, cluster, demo
 from autograder.grading import grade_cells, is_stretch, max_score, source_notebook, stretch_points
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
-# The whole demo class, graded serially here and through a scheduler in test_cluster.py, is compared
-# test by test: its cells get more time, so that a loaded machine never cuts a correct import cell.
+# The demo class (graded once, through a scheduler) and the class it is compared with give cells more
+# time, so that a loaded machine never cuts a correct import cell.
 DEMO_TIMEOUT = 30
 # Students whose cases cover a crash, tampering, damaged cells, partial and noisy work.
 SMALL_CLASS = ["ben", "gia", "ivy", "lia", "quy"]
@@ -34,18 +34,74 @@ def class_of(students, tmp_path):
     return folder.parent
 
 
+def grade_command(hand_ins, root, *options, timeout=TIMEOUT):
+    return [sys.executable, "-m", "autograder", "grade", str(hand_ins), "--course-dir", str(root),
+            "--timeout", str(timeout), *options]
+
+
+def worker_running(client, prefix="grade-"):
+    """(address, task key) of a worker busy with a task whose key starts with `prefix`, or None."""
+    for address, keys in client.processing().items():
+        for key in keys:
+            if str(key).startswith(prefix):
+                return address, str(key)
+    return None
+
+
+def kill_worker(client, address):
+    """SIGKILL the worker process (not its nanny, which starts a new one)."""
+    pid = cluster.worker_pids(client)[address]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def grade_through_a_scheduler_killing_a_worker(hand_ins, root, log_path, timeout):
+    """`python -m autograder grade --scheduler` on a scheduler and two `dask worker` processes, as a large
+    class is graded, with one worker SIGKILLed once it has been busy with one notebook for 10 s.
+    Returns {"returncode", "killed": [worker, task key] or None, "output": the end of the log}."""
+    from distributed import Client
+    with cluster.processes_on_localhost(workers=2) as processes:
+        with open(log_path, "w") as log:
+            grader = subprocess.Popen(grade_command(hand_ins, root, "--scheduler", processes.address, timeout=timeout),
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            killed, busy_since = None, {}
+            with Client(processes.address, timeout=30, set_as_default=False) as client:
+                deadline = time.monotonic() + 900
+                while killed is None and grader.poll() is None and time.monotonic() < deadline:
+                    busy = worker_running(client)
+                    if busy:  # mid-task: the same task on the same worker for 10 s (its kernel is running)
+                        since = busy_since.setdefault(busy, time.monotonic())
+                        if time.monotonic() - since > 10:
+                            kill_worker(client, busy[0])
+                            killed = list(busy)
+                    time.sleep(0.3)
+            returncode = grader.wait(timeout=1800)
+        finally:
+            if grader.poll() is None:
+                os.killpg(grader.pid, signal.SIGKILL)
+                grader.wait()
+    return {"returncode": returncode, "killed": killed, "output": log_path.read_text()[-4000:]}
+
+
 @pytest.fixture(scope="module")
 def graded_demo(tmp_path_factory):
-    """The demo class, graded serially once per test run and shared by the pytest-xdist workers (and
-    by test_cluster.py, which compares the scheduler's gradebook with this one)."""
+    """The demo class, graded once per test run as a large class is: through a Dask scheduler and two
+    worker processes, one of them killed mid-task (test_cluster.py checks that run; the tests here check
+    what every student got, and test_serial_parallel_and_scheduler_grading_agree compares it with grading
+    in one process). Shared by the pytest-xdist workers through a lock: the first one that needs it grades.
+    Returns (course folder, the run: returncode, killed, output and the report, the ledger)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's folder
-    root, saved = shared / "demo-class", shared / "demo-class-summary.json"
+    root, saved = shared / "demo-class", shared / "demo-class-run.json"
     with open(shared / "demo-class.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not saved.exists():
-            summary = classroom.grade_class(demo.DEMO_CLASS_DIR, root, jobs=1, cell_timeout=DEMO_TIMEOUT, quiet=True)
-            saved.write_text(json.dumps(summary))
+            run = grade_through_a_scheduler_killing_a_worker(demo.DEMO_CLASS_DIR, root, shared / "demo-class.log",
+                                                             DEMO_TIMEOUT)
+            report = root / "report.txt"
+            run["report"] = report.read_text().rstrip("\n") if report.exists() else ""
+            saved.write_text(json.dumps(run))
     return root, json.loads(saved.read_text()), classroom.Ledger(root / classroom.LEDGER)
 
 
@@ -121,18 +177,25 @@ def test_runaway_output_is_capped_and_memory_bomb_contained(graded_demo):
 
 
 def grade_and_time(hand_ins, root, jobs):
-    summary = classroom.grade_class(hand_ins, root, jobs=jobs, cell_timeout=TIMEOUT, quiet=True)
+    summary = classroom.grade_class(hand_ins, root, jobs=jobs, cell_timeout=DEMO_TIMEOUT, quiet=True)
     return classroom.exercise_scores(root, classroom.assignment_ids()), summary
 
 
-def test_parallel_grading_gives_exactly_the_serial_scores(tmp_path):
-    """JOBS=2: a Dask LocalCluster of two worker processes, against grading in this process."""
+def test_serial_parallel_and_scheduler_grading_agree(graded_demo, tmp_path):
+    """The same hand-ins graded in this process (JOBS=1), on a Dask LocalCluster of two worker processes
+    (JOBS=2), and through a scheduler whose worker was killed mid-task (the demo class): the same score on
+    every test cell."""
     hand_ins = class_of(SMALL_CLASS, tmp_path)
     serial, serial_summary = grade_and_time(hand_ins, tmp_path / "serial", jobs=1)
     parallel, parallel_summary = grade_and_time(hand_ins, tmp_path / "parallel", jobs=2)
     assert serial, "serial grading produced no scores"
     different = sorted(set(serial) ^ set(parallel))
     assert not different, f"JOBS=2 and serial nbgrader autograde disagree on: {different[:6]}"
+    through_scheduler = [row for row in classroom.exercise_scores(graded_demo[0], classroom.assignment_ids())
+                         if row[0] in SMALL_CLASS]
+    different = sorted(set(serial) ^ set(through_scheduler))
+    assert not different, f"the scheduler's gradebook and the serial one disagree on: {different[:6]}"
+    assert through_scheduler == serial
     record_speed("small class", serial_summary, parallel_summary)
 
 
