@@ -117,6 +117,10 @@ class Aliases:
                     if alias.name != "*":
                         self.names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
+    def learn_cell(self, source):
+        """`learn` for a whole cell, from the cell's own bindings worked out once per source."""
+        self.names.update(_cell_imports(source))
+
     def resolve(self, dotted):
         """'torch.nn.functional.softmax' for 'F.softmax' when F is torch.nn.functional; None if the first
         name is not an import."""
@@ -124,6 +128,28 @@ class Aliases:
         if head not in self.names:
             return None
         return self.names[head] + ("." + rest if rest else "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_imports(source):
+    """What a cell's imports bind ({name: what it stands for}), read once per source: the grader reads the
+    same cells again for every test cell after them, and the replay for every variant."""
+    aliases = Aliases()
+    aliases.learn(_tree(source))
+    return aliases.names
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_definitions(source):
+    """(name, statement) for every name a cell's top-level statements bind, in order, read once per source."""
+    return tuple((name, statement) for statement in _tree(source).body for name in _bound_names(statement))
+
+
+@functools.lru_cache(maxsize=4096)
+def _method_names(statement):
+    """The names of the methods of the classes a statement defines (a statement of a cached tree)."""
+    return frozenset(n.name for c in ast.walk(statement) if isinstance(c, ast.ClassDef)
+                     for n in c.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 # ------------------------------------------------------------------------------------------- routes
@@ -144,7 +170,7 @@ def route_findings(cells):
                 if route not in said:  # one finding per route and cell, with its first place
                     said.add(route)
                     findings.append(f"{label} {route}: `{code}`")
-        aliases.learn(tree)
+        aliases.learn_cell(source)
     return findings
 
 
@@ -301,16 +327,14 @@ def taken_findings(cells, test_calls, forbidden_of):
             tree = _tree(source)
             if tree is None:
                 continue
-            aliases.learn(tree)
+            aliases.learn_cell(source)
             if label is None:
                 continue  # the course's own cells are not the student's answer
-            for statement in tree.body:
-                for name in _bound_names(statement):
-                    definitions[name] = (label, statement)
+            for name, statement in _cell_definitions(source):
+                definitions[name] = (label, statement)
         seen, todo, findings = set(), [a for a in arguments], []
         methods = _tensor_methods(forbidden)
-        own_methods = {n.name for _, s in definitions.values() for c in ast.walk(s) if isinstance(c, ast.ClassDef)
-                       for n in c.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        own_methods = {name for _, statement in definitions.values() for name in _method_names(statement)}
         while todo:
             name = todo.pop()
             if name in seen or name not in definitions:
