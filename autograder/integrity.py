@@ -166,12 +166,21 @@ def route_findings(cells):
             continue
         if label is not None:
             said = set()
-            for route, code in _routes(tree, aliases):
+            for route, code in _cell_routes(source, tuple(aliases.names.items())):
                 if route not in said:  # one finding per route and cell, with its first place
                     said.add(route)
                     findings.append(f"{label} {route}: `{code}`")
         aliases.learn_cell(source)
     return findings
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_routes(source, known_imports):
+    """`_routes` of a cell that parses, after cells whose imports bound `known_imports` ((name, target)
+    pairs): the same cell after the same imports, as in every variant the replay grades, is read once."""
+    aliases = Aliases()
+    aliases.names = dict(known_imports)
+    return tuple(_routes(_tree(source), aliases))
 
 
 def _routes(tree, aliases):
@@ -320,55 +329,63 @@ def taken_findings(cells, test_calls, forbidden_of):
         forbidden = forbidden_of(ref)
         if not forbidden:
             continue
-        definitions, aliases = {}, Aliases()
-        for index, label, source in cells:
-            if index >= test_index:
-                break
-            tree = _tree(source)
-            if tree is None:
-                continue
-            aliases.learn_cell(source)
-            if label is None:
-                continue  # the course's own cells are not the student's answer
-            for name, statement in _cell_definitions(source):
-                definitions[name] = (label, statement)
-        seen, todo, findings = set(), [a for a in arguments], []
-        methods = _tensor_methods(forbidden)
-        own_methods = {name for _, statement in definitions.values() for name in _method_names(statement)}
-        while todo:
-            name = todo.pop()
-            if name in seen or name not in definitions:
-                continue
-            seen.add(name)
-            label, statement = definitions[name]
-            free = _global_names(statement)   # a function's locals are not the notebook's names
-            todo += sorted(free)
-            local = Aliases()
-            local.names = {k: v for k, v in aliases.names.items() if k in free}
-            for node in ast.walk(statement):
-                if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    local.learn(node)
-                    for alias in node.names:
-                        module = f"{getattr(node, 'module', '') or ''}.{alias.name}".strip(".")
-                        match = _forbidden_match(module if isinstance(node, ast.ImportFrom) else alias.name, forbidden)
-                        if match:
-                            findings.append(f"{label} uses {match} (`{ast.unparse(node)[:100]}`)")
-                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                    full = local.resolve(node.id)
-                    match = _forbidden_match(full, forbidden) if full else None
-                    if match:
-                        findings.append(f"{label} uses {match} (`{node.id}`)")
-                elif isinstance(node, ast.Attribute):
-                    dotted = _dotted(node)
-                    full = local.resolve(dotted) if dotted else None
-                    match = _forbidden_match(full, forbidden) if full else None
-                    if not match and not _is_self(node.value) and node.attr not in own_methods:
-                        match = next((f"torch.Tensor.{node.attr}" for m in methods if same_operator(m, node.attr)), None)
+        findings = _taken_before(tuple((label, source) for index, label, source in cells if index < test_index),
+                                 tuple(arguments), tuple(forbidden))
+        if findings:
+            found[test_index] = list(findings)
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _taken_before(cells, arguments, forbidden):
+    """The findings of one test cell: what the `arguments` it hands its check reach, through the
+    definitions of `cells` ((label, source) before it), among `forbidden`. Decided once per set of
+    inputs: the replay's variants share the cells before their own answer."""
+    definitions, aliases = {}, Aliases()
+    for label, source in cells:
+        tree = _tree(source)
+        if tree is None:
+            continue
+        aliases.learn_cell(source)
+        if label is None:
+            continue  # the course's own cells are not the student's answer
+        for name, statement in _cell_definitions(source):
+            definitions[name] = (label, statement)
+    seen, todo, findings = set(), [a for a in arguments], []
+    methods = _tensor_methods(forbidden)
+    own_methods = {name for _, statement in definitions.values() for name in _method_names(statement)}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in definitions:
+            continue
+        seen.add(name)
+        label, statement = definitions[name]
+        free = _global_names(statement)   # a function's locals are not the notebook's names
+        todo += sorted(free)
+        local = Aliases()
+        local.names = {k: v for k, v in aliases.names.items() if k in free}
+        for node in ast.walk(statement):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                local.learn(node)
+                for alias in node.names:
+                    module = f"{getattr(node, 'module', '') or ''}.{alias.name}".strip(".")
+                    match = _forbidden_match(module if isinstance(node, ast.ImportFrom) else alias.name, forbidden)
                     if match:
                         findings.append(f"{label} uses {match} (`{ast.unparse(node)[:100]}`)")
-        if findings:
-            found[test_index] = list(dict.fromkeys(findings))
-    return found
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                full = local.resolve(node.id)
+                match = _forbidden_match(full, forbidden) if full else None
+                if match:
+                    findings.append(f"{label} uses {match} (`{node.id}`)")
+            elif isinstance(node, ast.Attribute):
+                dotted = _dotted(node)
+                full = local.resolve(dotted) if dotted else None
+                match = _forbidden_match(full, forbidden) if full else None
+                if not match and not _is_self(node.value) and node.attr not in own_methods:
+                    match = next((f"torch.Tensor.{node.attr}" for m in methods if same_operator(m, node.attr)), None)
+                if match:
+                    findings.append(f"{label} uses {match} (`{ast.unparse(node)[:100]}`)")
+    return tuple(dict.fromkeys(findings))
 
 
 def _global_names(statement):
