@@ -6,8 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 JOBS ?= 2
-# make test's pytest-xdist workers: three on two cores, because about two thirds of the suite's wall-clock time
-# is waiting (kernels starting, time-outs it provokes, the browser), which a third worker fills
+# make test's pytest-xdist workers: three on two cores, measured faster than two (a third worker fills the waits:
+# kernels starting, time-outs the suite provokes, the browser) and than four (with three, no core is idle)
 TEST_JOBS ?= 3
 # make grade SCHEDULER=tcp://host:8786: grade on an existing Dask cluster instead of JOBS local processes
 SCHEDULER ?=
