@@ -190,9 +190,6 @@ def main(submissions=DEMO_CLASS_DIR):
     return 0 if figures["all_three_agree_test_by_test"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
-
 
 # ------------------------------------------------------------------------------ the client's merges
 MERGE_ASSIGNMENTS = ("04_self_attention", "09_gpt")
@@ -256,3 +253,7 @@ def merge_benchmark(results=10_000, root=None):
     return {"results": len(items), "merge_seconds": round(merging, 2), "wall_seconds": round(wall, 2),
             "merge_seconds_per_notebook": round(merging / len(items), 5),
             "notebooks_per_minute_merged": round(60 * len(items) / merging)}
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
