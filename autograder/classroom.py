@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import functools
 import json
 import logging
@@ -29,6 +30,7 @@ import pathlib
 import shutil
 import secrets
 import sys
+import tempfile
 import time
 import warnings
 import zipfile
@@ -39,7 +41,8 @@ from sqlalchemy import and_, delete, insert, or_, select
 from traitlets import Unicode
 
 from autograder import cluster, grading, sandbox
-from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
+from autograder.config import (CELL_TIMEOUT_SECONDS, REPO_ROOT, SOLUTIONS_DIR, WORK_DIR, assignment_ids,
+                              nbgrader_config)
 from autograder.judging import RUN_KEY_ENV
 
 CLASS_DIR = WORK_DIR / "class"
@@ -82,9 +85,34 @@ def nbgrader_api(config):
 
 
 def prepare_gradebook(root, assignments):
-    """`nbgrader generate_assignment` for each assignment the class gradebook doesn't have yet."""
-    from nbgrader.api import Gradebook
+    """The class gradebook with every assignment of `assignments`: where there is none yet, a copy of the
+    course's gradebook for them (`gradebook_template`); then `nbgrader generate_assignment` for each
+    assignment it doesn't have yet."""
     config = class_config(root)
+    path = pathlib.Path(config.CourseDirectory.db_url.removeprefix("sqlite:///"))
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(gradebook_template(tuple(assignments)), path)
+    _add_assignments(config, assignments)
+
+
+def gradebook_template(assignments):
+    """A class gradebook holding `assignments` and nothing else, made once per version of their sources
+    and kept in autograder/work/generated/ (generating the eleven takes about 7 s, which every new course
+    folder paid)."""
+    key = hashlib.sha256(" ".join(f"{a}:{grading.folder_digest(SOLUTIONS_DIR / a)}" for a in assignments)
+                         .encode()).hexdigest()[:16]
+    cached = WORK_DIR / "generated" / f"class-{key}.db"
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="class-", dir=cached.parent) as tmp:
+            _add_assignments(class_config(tmp), assignments)
+            os.replace(pathlib.Path(tmp) / "gradebook.db", cached)  # atomic: parallel runs never see half a file
+    return cached
+
+
+def _add_assignments(config, assignments):
+    from nbgrader.api import Gradebook
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
         known = {a.name for a in gradebook.assignments}
     missing = [a for a in assignments if a not in known]
