@@ -266,6 +266,36 @@ def test_two_grading_runs_cannot_share_a_course_folder(tmp_path):
                 pass
 
 
+def gradebook_contents(root):
+    """What a class gradebook knows of the course: every assignment's notebooks, their graded cells with
+    points and extra credit, and their source cells (checksums)."""
+    from nbgrader.api import Gradebook
+    config = classroom.class_config(root)
+    with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
+        return {(a.name, nb.name): (sorted((c.name, c.max_score, c.cell_type) for c in nb.grade_cells),
+                                    sorted((c.name, c.checksum, c.locked) for c in nb.source_cells),
+                                    sorted(c.name for c in nb.solution_cells))
+                for a in gradebook.assignments for nb in a.notebooks}
+
+
+def test_a_new_course_folder_starts_from_the_gradebook_generate_assignment_writes(tmp_path):
+    """A new course folder's gradebook is a copy of a template (generating every assignment took about
+    7 s of each class grading): the same as generating them there, stretch tests as extra credit."""
+    assignments = ["04_self_attention", "03_positional_encoding"]
+    generated, copied = tmp_path / "generated", tmp_path / "copied"
+    classroom._add_assignments(classroom.class_config(generated), assignments)
+    classroom.prepare_gradebook(copied, assignments)
+    assert not (copied / "release").exists(), "the course folder's gradebook was generated, not copied"
+    contents = gradebook_contents(copied)
+    assert contents == gradebook_contents(generated) and len(contents) == 2, contents.keys()
+    stretch = [name for name, points, _ in contents[("03_positional_encoding", "03_positional_encoding")][0]
+               if is_stretch(name)]
+    assert stretch and all(points == 0 for name, points, _ in contents[("03_positional_encoding",
+                           "03_positional_encoding")][0] if name in stretch), "stretch tests should be worth 0"
+    classroom.prepare_gradebook(copied, [*assignments, "01_tokenization"])  # an assignment added later
+    assert ("01_tokenization", "01_tokenization") in gradebook_contents(copied)
+
+
 def test_grade_command_line_help():
     result = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"],
                             capture_output=True, text=True, timeout=60)
