@@ -21,7 +21,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import functools
 import json
 import logging
@@ -30,7 +29,6 @@ import pathlib
 import shutil
 import secrets
 import sys
-import tempfile
 import time
 import warnings
 import zipfile
@@ -41,8 +39,7 @@ from sqlalchemy import and_, delete, insert, or_, select
 from traitlets import Unicode
 
 from autograder import cluster, grading, sandbox
-from autograder.config import (CELL_TIMEOUT_SECONDS, REPO_ROOT, SOLUTIONS_DIR, WORK_DIR, assignment_ids,
-                              nbgrader_config)
+from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
 from autograder.judging import RUN_KEY_ENV
 
 CLASS_DIR = WORK_DIR / "class"
@@ -98,17 +95,9 @@ def prepare_gradebook(root, assignments):
 
 def gradebook_template(assignments):
     """A class gradebook holding `assignments` and nothing else, made once per version of their sources
-    and kept in autograder/work/generated/ (generating the eleven takes about 7 s, which every new course
-    folder paid)."""
-    key = hashlib.sha256(" ".join(f"{a}:{grading.folder_digest(SOLUTIONS_DIR / a)}" for a in assignments)
-                         .encode()).hexdigest()[:16]
-    cached = WORK_DIR / "generated" / f"class-{key}.db"
-    if not cached.exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="class-", dir=cached.parent) as tmp:
-            _add_assignments(class_config(tmp), assignments)
-            os.replace(pathlib.Path(tmp) / "gradebook.db", cached)  # atomic: parallel runs never see half a file
-    return cached
+    (generating the eleven takes about 7 s, which every new course folder paid)."""
+    return grading.cached_gradebook("class", assignments, lambda folder: _add_assignments(class_config(folder),
+                                                                                           assignments))
 
 
 def _add_assignments(config, assignments):

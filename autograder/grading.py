@@ -386,17 +386,12 @@ def folder_digest(folder):
 
 
 def generated_gradebook(assignment_id):
-    """A gradebook holding only `assignment_id`, made by `nbgrader generate_assignment` once per
-    version of its source folder and kept in autograder/work/generated/ (about 1.7 s saved per check)."""
+    """A gradebook holding only `assignment_id`, made by `nbgrader generate_assignment` (about 1.7 s
+    saved per check)."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
-    key = folder_digest(SOLUTIONS_DIR / assignment_id)
-    cached = WORK_DIR / "generated" / f"{assignment_id}-{key}.db"
-    if cached.exists():
-        return cached
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="generate-", dir=cached.parent) as tmp:
-        work = pathlib.Path(tmp)
+
+    def generate(work):
         config = nbgrader_config(root=work, release=work / "release", work=work)
         config.NbGraderAPI.log_level = logging.ERROR
         with contextlib.redirect_stdout(None):
@@ -404,7 +399,19 @@ def generated_gradebook(assignment_id):
             generated = api.generate_assignment(assignment_id)
         if not generated["success"]:
             raise RuntimeError(f"could not build the gradebook for {assignment_id}: {generated.get('error')}")
-        os.replace(work / "gradebook.db", cached)  # atomic: parallel checks never see half a file
+    return cached_gradebook(assignment_id, [assignment_id], generate)
+
+
+def cached_gradebook(name, assignments, generate):
+    """The gradebook.db that `generate(folder)` writes in an empty folder, made once per version of the
+    source folders of `assignments` and kept in autograder/work/generated/ as <name>-<digest>.db."""
+    key = hashlib.sha256(" ".join(f"{a}:{folder_digest(SOLUTIONS_DIR / a)}" for a in assignments).encode())
+    cached = WORK_DIR / "generated" / f"{name}-{key.hexdigest()[:16]}.db"
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="generate-", dir=cached.parent) as tmp:
+            generate(pathlib.Path(tmp))
+            os.replace(pathlib.Path(tmp) / "gradebook.db", cached)  # atomic: parallel runs never see half a file
     return cached
 
 

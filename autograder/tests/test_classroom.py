@@ -268,7 +268,7 @@ def test_two_grading_runs_cannot_share_a_course_folder(tmp_path):
 
 def gradebook_contents(root):
     """What a class gradebook knows of the course: every assignment's notebooks, their graded cells with
-    points and extra credit, and their source cells (checksums)."""
+    their points, their source cells (checksums) and their answer cells."""
     from nbgrader.api import Gradebook
     config = classroom.class_config(root)
     with Gradebook(config.CourseDirectory.db_url, config.CourseDirectory.course_id) as gradebook:
@@ -288,10 +288,9 @@ def test_a_new_course_folder_starts_from_the_gradebook_generate_assignment_write
     assert not (copied / "release").exists(), "the course folder's gradebook was generated, not copied"
     contents = gradebook_contents(copied)
     assert contents == gradebook_contents(generated) and len(contents) == 2, contents.keys()
-    stretch = [name for name, points, _ in contents[("03_positional_encoding", "03_positional_encoding")][0]
-               if is_stretch(name)]
-    assert stretch and all(points == 0 for name, points, _ in contents[("03_positional_encoding",
-                           "03_positional_encoding")][0] if name in stretch), "stretch tests should be worth 0"
+    grade_cells, _, _ = contents[("03_positional_encoding", "03_positional_encoding")]
+    stretch = {points for name, points, _ in grade_cells if is_stretch(name)}
+    assert stretch == {0}, f"stretch tests should be worth 0 in the class gradebook (extra credit): {stretch}"
     classroom.prepare_gradebook(copied, [*assignments, "01_tokenization"])  # an assignment added later
     assert ("01_tokenization", "01_tokenization") in gradebook_contents(copied)
 
