@@ -271,10 +271,13 @@ def reference_globals(fn, **replacements):
 _findings = []  # what the watch saw during the current probe
 
 
-def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", capture=None, **kwargs):
+def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", forbidden_modules=(), capture=None,
+         **kwargs):
     """Probe side: call the student's `fn` quietly and return its result, or raise a teaching
     AssertionError. `forbidden` names the oracles of this exercise (dotted names of torch
-    functions, or of courselib functions and classes); `helpers` are reference helpers swapped
+    functions, or of courselib functions and classes); `forbidden_modules` names modules holding
+    oracles that are too dear to import for every student (so not watched): importing one while `fn`
+    runs is the finding instead; `helpers` are reference helpers swapped
     into the student's globals, trusted to use them. The result is copied to plain data (`plain`)
     while the watch is still on, so that nothing of it runs later, unwatched; `capture()`, if given,
     reads what else the probe needs (a cache the function filled) the same way: then the call returns
@@ -288,6 +291,7 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
     watch = Watch(forbidden, forbidden_advice) if forbidden else None
     helpers = {key: watch.trusted(value) if watch else value for key, value in (helpers or {}).items()}
+    absent = [module for module in forbidden_modules if module not in sys.modules]
     try:
         with quiet(), reference_globals(fn, **helpers), watch or contextlib.nullcontext():
             result = plain(fn(*args, **kwargs), name)
@@ -303,6 +307,8 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     finally:
         if watch:
             _findings.extend(f"{name} {finding} ({watch.advice})" for finding in watch.findings)
+        _findings.extend(f"{name} imported {module} while it ran ({forbidden_advice})"
+                         for module in absent if module in sys.modules)
     return result
 
 

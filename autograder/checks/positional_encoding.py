@@ -13,7 +13,8 @@ behaviour. The oracles are independent of the reference solution:
   t, k, d and bases, with PE from `oracle_pe` (never from the student's exercise 1);
 - rotary embeddings (`oracle_rope`): the rotation written pair by pair in NumPy float64, in Hugging
   Face's rotate_half layout (pairs i, i + d/2); it agrees with transformers' Llama `apply_rotary_pos_emb`
-  to float32 precision (the notebook's visible test compares with the library itself). The relative-
+  to float32 precision (test_gpt_lib.py proves it; the notebook's visible test compares with the library
+  itself while the student works, not under grading, where the import would cost 2 s). The relative-
   position and norm checks grade properties (scores unchanged when every position moves, lengths kept),
   not values;
 - the learned table is compared with `torch.nn.functional.embedding` and with torch's autograd, on
@@ -288,6 +289,11 @@ ROPE_MODELS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2
                "cohere", "gptj", "codegen"]
 
 
+# Importing one of them while the student's function runs is taken too (the watch sees only modules imported
+# before the call, and the notebook does not import them while it is graded: seconds for every student).
+ROPE_MODULES = tuple(f"transformers.models.{model}.modeling_{model}" for model in ROPE_MODELS)
+
+
 ROPE_FUNCTIONS = ["apply_rotary_pos_emb", "rotate_half", "rotate_every_two", "apply_rotary_pos_emb_interleave"]
 
 
@@ -296,8 +302,8 @@ ROPE_ADVICE = "write the rotation yourself: transformers' rotary code is the ora
 
 def rope_shortcuts(complete=False):
     """transformers' rotary functions, and the constructors of its rotary-embedding classes (their cos and
-    sin tables), in every model module already imported (the notebook imports Llama's for its visible
-    test; importing the others here would cost seconds for students who never touched them)."""
+    sin tables), in every model module already imported (importing them here would cost seconds for
+    students who never touched them; the notebook's comparison with Llama's runs only outside grading)."""
     targets = []
     for model in ROPE_MODELS:
         name = f"transformers.models.{model}.modeling_{model}"
@@ -315,7 +321,8 @@ def rope_shortcuts(complete=False):
 
 def _rope(fn, q, k, positions=None, **kwargs):
     args = (q, k) if positions is None else (q, k, positions)
-    result = call(fn, *args, name=ROPE_NAME, forbidden=rope_shortcuts(), forbidden_advice=ROPE_ADVICE, **kwargs)
+    result = call(fn, *args, name=ROPE_NAME, forbidden=rope_shortcuts(), forbidden_advice=ROPE_ADVICE,
+                  forbidden_modules=ROPE_MODULES, **kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and all(map(torch.is_tensor, result))):
         raise AssertionError(f"{ROPE_NAME} should return the pair (q_rotated, k_rotated) of tensors, but it "
                              f"returned {type(result).__name__}{'' if not isinstance(result, (tuple, list)) else f' of length {len(result)}'}.")
@@ -412,16 +419,19 @@ ROPE_UTILS = "transformers.modeling_rope_utils"
 
 
 def llama3_shortcuts(complete=False):
-    """Every rope initialisation function of transformers (the llama3 one is the oracle). Imported here
-    if need be: the visible part of the same test cell has already imported it, so this costs nothing."""
-    import importlib
-    module = importlib.import_module(ROPE_UTILS)
+    """Every rope initialisation function of transformers (the llama3 one is the oracle), if the module is
+    imported (`complete`: imported here; grading does not import transformers, so a student who never
+    touched it pays nothing, and one whose function imports it while it runs is flagged by `call`)."""
+    module = importlib.import_module(ROPE_UTILS) if complete else sys.modules.get(ROPE_UTILS)
+    if module is None:
+        return []
     return sorted({f"{ROPE_UTILS}.{fn.__name__}" for fn in module.ROPE_INIT_FUNCTIONS.values()
                    if getattr(module, fn.__name__, None) is fn})
 
 
 def _llama3(fn, case):
-    result = call(fn, *case, name=LLAMA3_NAME, forbidden=llama3_shortcuts(), forbidden_advice=LLAMA3_ADVICE)
+    result = call(fn, *case, name=LLAMA3_NAME, forbidden=llama3_shortcuts(), forbidden_advice=LLAMA3_ADVICE,
+                  forbidden_modules=(ROPE_UTILS,))
     if not torch.is_tensor(result):
         raise AssertionError(f"{LLAMA3_NAME} should return a torch tensor, but it returned {type(result).__name__}.")
     return result

@@ -352,7 +352,7 @@ from transformers.models.llama.modeling_llama import rotate_half as _rotate_half
     gamma = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = gamma * inv_freq / factor + (1 - gamma) * inv_freq
 """ + LLAMA3_BANDS)}, loses=("stretch_llama3_inv_freq_values", "stretch_llama3_inv_freq_bands"),
-        message="swap γ and 1 − γ"),
+        message="γ and 1 − γ"),
     # Plain position interpolation: every frequency divided.
     Variant("llama3_divides_every_frequency", {LLAMA3: llama3(LLAMA3_THETA + """
     return inv_freq / factor
