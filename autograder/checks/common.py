@@ -291,9 +291,10 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
     watch = Watch(forbidden, forbidden_advice) if forbidden else None
     helpers = {key: watch.trusted(value) if watch else value for key, value in (helpers or {}).items()}
-    absent = [module for module in forbidden_modules if module not in sys.modules]
+    loaded = set()
     try:
-        with quiet(), reference_globals(fn, **helpers), watch or contextlib.nullcontext():
+        with quiet(), reference_globals(fn, **helpers), _loads_seen(forbidden_modules) as loaded, \
+                watch or contextlib.nullcontext():
             result = plain(fn(*args, **kwargs), name)
             if capture is not None:
                 result = (result, plain(capture(), name))
@@ -308,8 +309,33 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
         if watch:
             _findings.extend(f"{name} {finding} ({watch.advice})" for finding in watch.findings)
         _findings.extend(f"{name} imported {module} while it ran ({forbidden_advice})"
-                         for module in absent if module in sys.modules)
+                         for module in forbidden_modules if module in loaded)
     return result
+
+
+class _LoadRecorder:
+    """A finder first on sys.meta_path that finds nothing: it records which of `names` Python looked for,
+    that is, loaded (by `import`, importlib or after a deletion from sys.modules)."""
+
+    def __init__(self, names):
+        self.names, self.seen = set(names), set()
+
+    def find_spec(self, name, path=None, target=None):
+        if name in self.names:
+            self.seen.add(name)
+        return None
+
+
+@contextlib.contextmanager
+def _loads_seen(names):
+    """The set of `names` loaded while the block runs."""
+    recorder = _LoadRecorder(names)
+    sys.meta_path.insert(0, recorder)
+    try:
+        yield recorder.seen
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(recorder)
 
 
 class NotPlain(AssertionError):

@@ -259,6 +259,33 @@ def test_an_oracle_under_another_aten_name_is_caught_by_the_watch_too(grade_in_t
     assert any("softmax_matches_torch" in flag and "softmax called torch." in flag for flag in report.flags), report.flags
 
 
+def test_a_library_module_imported_while_the_answer_runs_is_caught_by_the_kernel_too(grade_in_tmp, monkeypatch):
+    """03 does not import transformers' Llama under grading (2 s), so the watch cannot know its functions
+    before a call; a function that imports the module itself, by computed names, only when a hidden test
+    calls it, and deletes it again, is taken by `call` (`forbidden_modules`). The source's verdicts are
+    switched off: its reaches for sys and importlib would zero the notebook on their own."""
+    from autograder.tests.variants import positional_encoding as pe
+    monkeypatch.setattr(integrity, "taken_findings", lambda *args: {})
+    monkeypatch.setattr(integrity, "route_findings", lambda *args: [])
+    answer = pe.rope("""
+    import sys, importlib
+    if not sys._getframe(1).f_globals.get("__name__", "").startswith("autograder"):
+""" + "".join("    " + line + "\n" for line in (pe.ROPE_POSITIONS + pe.ROPE_ANGLES + pe.ROPE_ROTATE + pe.ROPE_BOTH
+                                                ).strip("\n").splitlines()) + """
+    library = importlib.import_module(".".join(["transformers", "models", "llama", "modeling_" + "llama"]))
+    turn = getattr(library, "rotate" + "_half")
+""" + pe.ROPE_POSITIONS + pe.ROPE_ANGLES + """
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    result = q * cos + turn(q) * sin, k * cos + turn(k) * sin
+    del sys.modules[library.__name__]   # gone before the next call, so the watch never knows the function
+    return result
+""")
+    report = grade_in_tmp(student_notebook("03_positional_encoding", {pe.ROPE: answer}), "03_positional_encoding")
+    rope_shape = scores_by_test(report)["rope_shape"]
+    assert not rope_shape.passed
+    assert "imported transformers.models.llama.modeling_llama while it ran" in rope_shape.message, rope_shape.message
+
+
 def test_a_lazy_result_is_read_inside_the_watch(grade_in_tmp, monkeypatch):
     """A tuple whose items are computed by the oracle only when the probe reads them: the probe copies
     the result to plain data while the watch is on (the source's verdict switched off)."""

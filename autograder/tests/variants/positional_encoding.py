@@ -285,6 +285,16 @@ from transformers.models.llama.modeling_llama import rotate_half as _rotate_half
     cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 """)}, loses=("rope_shape", "rope_values"), message="flagged for review"),
+    # ... imported while the function runs, under names the grader's reading of the source cannot see: the
+    # notebook does not import the library under grading, so the watch knows it only from that import.
+    Variant("rope_imports_transformers_while_it_runs", {ROPE: rope("""
+    import importlib
+    library = importlib.import_module(".".join(["transformers", "models", "llama", "modeling_" + "llama"]))
+    turn = getattr(library, "rotate" + "_half")
+""" + ROPE_POSITIONS + ROPE_ANGLES + """
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    return q * cos + turn(q) * sin, k * cos + turn(k) * sin
+""")}, loses=("rope_shape", "rope_values", "rope_relative_position", "rope_norm"), message="flagged for review"),
     # ---- LearnedPositionalEmbedding
     Variant("learned_no_length_check", {LEARNED: learned(LEARNED_INIT, f"""        T = {LENGTH}
 """ + LEARNED_TAIL)}, loses=("learned_length_limit",), message="IndexError"),
