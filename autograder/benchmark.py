@@ -160,6 +160,7 @@ def main(submissions=DEMO_CLASS_DIR):
             "speedup_over_serial": round(serial["summary"]["grading_seconds"] / summary["grading_seconds"], 2),
             "merge_seconds_per_notebook": round(summary["merge_seconds"] / max(1, summary["notebooks_graded"]), 3),
             "same_scores_as_serial_test_by_test": data["scores"] == serial["scores"],
+            "sum_of_notebook_seconds": round(sum(e["seconds"] for e in data["ledger"].entries.values()), 1),
             "load_average_before": round(data["load_average_before"], 2)}
     figures["scheduler_2"]["cluster_start_seconds_not_counted"] = round(cluster_start, 1)
     best = max(figures["localcluster_2"]["speedup_over_serial"], figures["scheduler_2"]["speedup_over_serial"])
