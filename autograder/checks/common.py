@@ -329,6 +329,9 @@ class _LoadRecorder:
 @contextlib.contextmanager
 def _loads_seen(names):
     """The set of `names` loaded while the block runs."""
+    if not names:
+        yield set()
+        return
     recorder = _LoadRecorder(names)
     sys.meta_path.insert(0, recorder)
     try:
