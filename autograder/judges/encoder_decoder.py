@@ -1,6 +1,7 @@
 """Hidden checks for encoder_decoder, the judge side (in the grader only, never mounted in the sandbox): the
 oracles, the diagnoses and one judge per probe of autograder/checks/encoder_decoder.py, which also builds the
 inputs both sides rebuild from the seeds."""
+import functools
 import math
 import warnings
 
@@ -417,7 +418,7 @@ def judge_encoder_decoder_encode(seeds, memories):
         expect_close(memory, expected, "encode(src_ids) (the encoder's output)",
                      hint="Compare with nn.Transformer(norm_first=True).encoder on embed(src_ids) + "
                           "src_positions(src_ids), with the source's padding mask. " + EARLIER,
-                     diagnoses=encode_diagnoses(weights, ED_DIMS, src, tgt_in), rtol=1e-6, atol=1e-6)
+                     diagnoses=lambda: encode_diagnoses(weights, ED_DIMS, src, tgt_in), rtol=1e-6, atol=1e-6)
 
 
 @encoder_decoder_logits.judge
@@ -427,7 +428,7 @@ def judge_encoder_decoder_logits(seeds, results):
         _, expected = oracle_model(weights, ED_DIMS, src, tgt_in)
         hint = ("Compare with nn.Transformer(norm_first=True) between embed + positions and head, given the causal "
                 "mask and both padding masks. " + EARLIER)
-        diagnoses = logits_diagnoses(weights, ED_DIMS, src, tgt_in)
+        diagnoses = functools.cache(lambda: logits_diagnoses(weights, ED_DIMS, src, tgt_in))
         expect_close(result["forward"], expected, "EncoderDecoder(src_ids, tgt_in_ids) (the logits)", hint=hint,
                      diagnoses=diagnoses, rtol=1e-6, atol=1e-6)
         expect_close(result["decode"], expected, "decode(tgt_in_ids, encode(src_ids), src_ids)",

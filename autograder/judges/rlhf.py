@@ -6,6 +6,7 @@ The oracles are independent of the course's reference versions: transformers' `F
 causal-LM convention and the SFT loss, `torch.distributions` for log-probabilities and the KL, and
 float64 loops and autograd written here for the Bradley–Terry step, RLOO's baseline, REINFORCE, PPO's
 clipped surrogate (and several epochs of it), GRPO's loss and DPO's."""
+import functools
 import math
 
 import numpy as np
@@ -698,8 +699,8 @@ def judge_ppo_clip_loss_gradients(seeds, gradient):
                  atol=1e-7 * right.abs().max().item(),
                  hint="-ρ A / N on a token where the unclipped term is the smaller (or ρ is inside the range), 0 where "
                       "the clip holds (ρ > 1 + ε with A > 0, ρ < 1 - ε with A < 0) and outside the reply.",
-                 diagnoses={message: ppo_gradient(*problem, PPO_GRADIENT_EPS, variant)
-                            for variant, message in PPO_MISTAKES.items()})
+                 diagnoses=lambda: {message: ppo_gradient(*problem, PPO_GRADIENT_EPS, variant)
+                                    for variant, message in PPO_MISTAKES.items()})
 
 
 def ppo_epochs_replay(seeds, variant="right"):
@@ -726,12 +727,13 @@ def ppo_epochs_replay(seeds, variant="right"):
 @ppo_clip_loss_epochs.judge
 def judge_ppo_clip_loss_epochs(seeds, data):
     table, losses = ppo_epochs_replay(seeds)
-    mistakes = {message: ppo_epochs_replay(seeds, variant) for variant, message in PPO_MISTAKES.items()}
+    mistakes = functools.cache(lambda: {message: ppo_epochs_replay(seeds, variant)
+                                        for variant, message in PPO_MISTAKES.items()})
     expect_close(data["losses"], losses, f"ppo_clip_loss at each of {EPOCHS} epochs of SGD on one batch", rtol=1e-5,
                  atol=1e-7, hint="the first epoch has ρ = 1 everywhere; later ones see the ratio move, and the clip hold it.",
-                 diagnoses={message: wrong[1] for message, wrong in mistakes.items()})
+                 diagnoses=lambda: {message: wrong[1] for message, wrong in mistakes().items()})
     expect_close(data["table"], table, f"the policy's logits after {EPOCHS} epochs of SGD on one batch with your loss",
-                 rtol=1e-5, atol=1e-7, diagnoses={message: wrong[0] for message, wrong in mistakes.items()})
+                 rtol=1e-5, atol=1e-7, diagnoses=lambda: {message: wrong[0] for message, wrong in mistakes().items()})
 
 
 # ================================================================ exercise 8: grpo_loss
@@ -810,17 +812,18 @@ def oracle_grpo(log_probs, old, reference, rewards, mask, group_size, eps, beta,
 
 def _judge_grpo(data, problem, group_size, eps, beta, what, compare=("loss", "gradient")):
     right_loss, right_gradient = oracle_grpo(*problem, group_size, eps, beta)
-    mistakes = {message: oracle_grpo(*problem, group_size, eps, beta, variant) for variant, message in GRPO_MISTAKES.items()}
+    mistakes = functools.cache(lambda: {message: oracle_grpo(*problem, group_size, eps, beta, variant)
+                                        for variant, message in GRPO_MISTAKES.items()})
     if "loss" in compare:
         expect_close(data["loss"], right_loss, f"grpo_loss ({what})", rtol=1e-5, atol=1e-7,
                      hint="ppo_clip_loss with A = (r - group mean) / (group std + 1e-4), plus β times the mean over the "
                           "reply tokens of r - 1 - log r, r = π_ref / π_θ.",
-                     diagnoses={message: wrong[0] for message, wrong in mistakes.items()})
+                     diagnoses=lambda: {message: wrong[0] for message, wrong in mistakes().items()})
     expect_close(data["gradient"], right_gradient, f"the gradient of grpo_loss on log_probs ({what})", rtol=1e-5,
                  atol=1e-7 * right_gradient.abs().max().item(),
                  hint="the clipped surrogate's gradient with the group-normalised advantages, plus β (1 - r) / N per "
                       "reply token from the KL term.",
-                 diagnoses={message: wrong[1] for message, wrong in mistakes.items()})
+                 diagnoses=lambda: {message: wrong[1] for message, wrong in mistakes().items()})
 
 
 @grpo_loss_advantages.judge
@@ -891,8 +894,8 @@ def judge_dpo_loss_values(seeds, results):
                      "β (log π(y_l) - log π_ref(y_l)) for each rejected reply.")
         expect_close(data["loss"], loss, f"dpo_loss (β = {beta})",
                      "-log σ(chosen_rewards - rejected_rewards), averaged over the pairs.",
-                     diagnoses={message: oracle_dpo(policy, reference, batch, beta, variant)[0]
-                                for variant, message in DPO_MISTAKES.items()})
+                     diagnoses=lambda: {message: oracle_dpo(policy, reference, batch, beta, variant)[0]
+                                        for variant, message in DPO_MISTAKES.items()})
 
 
 @dpo_loss_gradients.judge
