@@ -717,17 +717,17 @@ def pll_terms(model, input_ids, mask_id, masked):
 
 
 def pll_oracle_and_diagnoses(model, input_ids, mask_id, special):
+    """The PLL, and a function that returns the common mistakes' values (two more passes: only on a mismatch)."""
     T = len(input_ids)
     scored = ~special.bool()
     one = pll_terms(model, input_ids, mask_id, lambda t: torch.arange(T) == t)
-    none = pll_terms(model, input_ids, mask_id, lambda t: torch.zeros(T, dtype=torch.bool))
-    every = pll_terms(model, input_ids, mask_id, lambda t: scored)
     total = lambda terms: sum(v for v, s in zip(terms, scored.tolist()) if s)  # noqa: E731
-    return total(one), {
+    return total(one), lambda: {
         "you scored the unmasked sentence: the true token is in the input, so the model reads the answer. Mask "
-        "position t in the copy that scores it.": total(none),
+        "position t in the copy that scores it.":
+            total(pll_terms(model, input_ids, mask_id, lambda t: torch.zeros(T, dtype=torch.bool))),
         "you masked every position at once: in the copy that scores t, only t is [MASK] and the other tokens "
-        "stay.": total(every),
+        "stay.": total(pll_terms(model, input_ids, mask_id, lambda t: scored)),
         "you scored [CLS] and [SEP] too: skip the positions where special_tokens_mask is 1.": sum(one),
         "you added probabilities: the PLL adds log-probabilities (log_softmax).":
             sum(math.exp(v) for v, s in zip(one, scored.tolist()) if s),

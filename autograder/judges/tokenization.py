@@ -80,9 +80,10 @@ from autograder.checks.tokenization import (
 
 # ---------------------------------------------------------------- comparing tokens and merges (judge)
 def expect_tokens(actual, expected, what, hint="", diagnoses=None):
+    """Like common.expect_close, for lists of tokens: `diagnoses` may be a function, called on a mismatch."""
     if actual == list(expected):
         return
-    for misconception, wrong in (diagnoses or {}).items():
+    for misconception, wrong in ((diagnoses() if callable(diagnoses) else diagnoses) or {}).items():
         if actual == list(wrong):
             raise AssertionError(f"{what} returned {actual}, expected {list(expected)}: {misconception}")
     raise AssertionError(f"{what} returned {actual}, expected {list(expected)}. {hint}".strip())
@@ -537,10 +538,10 @@ def expect_pieces(texts, results):
     oracle = pre_tokenizers.ByteLevel(add_prefix_space=False)
     for text, pieces in zip(texts, results, strict=True):
         expected = [piece for piece, _ in oracle.pre_tokenize_str(text)]
-        diagnoses = {k: v for k, v in pretokenize_diagnoses(text).items() if v != expected}
         expect_tokens(pieces, expected, f"byte_level_pretokenize({text!r})",
                       "tokenizers' ByteLevel pre-tokenizer gives that: split with GPT-2's pattern (regex.findall), "
-                      "then map every UTF-8 byte of each piece through bytes_to_unicode().", diagnoses=diagnoses)
+                      "then map every UTF-8 byte of each piece through bytes_to_unicode().",
+                      diagnoses=lambda: pretokenize_diagnoses(text))
 
 
 @byte_level_pretokenize_words_and_spaces.judge
