@@ -13,10 +13,10 @@ behaviour. The oracles are independent of the reference solution:
   t, k, d and bases, with PE from `oracle_pe` (never from the student's exercise 1);
 - rotary embeddings (`oracle_rope`): the rotation written pair by pair in NumPy float64, in Hugging
   Face's rotate_half layout (pairs i, i + d/2); it agrees with transformers' Llama `apply_rotary_pos_emb`
-  to float32 precision (test_gpt_lib.py proves it; the notebook's visible test compares with the library
-  itself while the student works, not under grading, where the import would cost 2 s). The relative-
-  position and norm checks grade properties (scores unchanged when every position moves, lengths kept),
-  not values;
+  to float32 precision (tests/test_oracles.py proves it; the notebook's visible test compares with the
+  library itself while the student works, not under grading, where the import would cost 2 s). The
+  relative-position and norm checks grade properties (scores unchanged when every position moves, lengths
+  kept), not values;
 - the learned table is compared with `torch.nn.functional.embedding` and with torch's autograd, on
   a table the check fills with seeded weights (the judge rebuilds them).
 Where raising is the right answer (odd d_model, too long a sequence), the probe reports what was
