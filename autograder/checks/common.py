@@ -648,10 +648,15 @@ def matches(actual, expected, rtol=1e-4, atol=1e-5):
     return actual.shape == expected.shape and np.allclose(actual, expected, rtol=rtol, atol=atol)
 
 
+def diagnoses_of(diagnoses):
+    """{misconception: its output} from a judge's `diagnoses`: the dict, a function that returns it (worked out
+    only on a mismatch: the wrong versions can cost more than the check), or None."""
+    return (diagnoses() if callable(diagnoses) else diagnoses) or {}
+
+
 def expect_close(actual, expected, name, hint="", diagnoses=None, rtol=1e-4, atol=1e-5):
     """Compare with the oracle. On a mismatch, name the misconception whose output it matches.
-    `diagnoses`: {misconception: its output}, or a function that returns them, called only on a mismatch
-    (the wrong versions can cost more than the check)."""
+    `diagnoses`: see `diagnoses_of`."""
     actual_np = to_numpy(actual, name)
     expected_np = np.asarray(expected, dtype=np.float64)
     expect_shape(actual_np, expected_np.shape, name, hint)
@@ -659,7 +664,7 @@ def expect_close(actual, expected, name, hint="", diagnoses=None, rtol=1e-4, ato
         raise AssertionError(f"{name} contains inf or NaN. {hint}".strip())
     if np.allclose(actual_np, expected_np, rtol=rtol, atol=atol):
         return
-    for misconception, wrong_answer in ((diagnoses() if callable(diagnoses) else diagnoses) or {}).items():
+    for misconception, wrong_answer in diagnoses_of(diagnoses).items():
         if matches(actual_np, wrong_answer, rtol, atol):
             raise AssertionError(f"{name} is wrong: {misconception}")
     diff = np.abs(actual_np - expected_np)

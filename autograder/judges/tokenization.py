@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.models import BPE
 
-from autograder.checks.common import expect_close, expect_shape
+from autograder.checks.common import diagnoses_of, expect_close, expect_shape
 from autograder.checks.tokenization import (
     CLS,
     END,
@@ -80,10 +80,10 @@ from autograder.checks.tokenization import (
 
 # ---------------------------------------------------------------- comparing tokens and merges (judge)
 def expect_tokens(actual, expected, what, hint="", diagnoses=None):
-    """Like common.expect_close, for lists of tokens: `diagnoses` may be a function, called on a mismatch."""
+    """Like common.expect_close, for lists of tokens (`diagnoses`: see common.diagnoses_of)."""
     if actual == list(expected):
         return
-    for misconception, wrong in ((diagnoses() if callable(diagnoses) else diagnoses) or {}).items():
+    for misconception, wrong in diagnoses_of(diagnoses).items():
         if actual == list(wrong):
             raise AssertionError(f"{what} returned {actual}, expected {list(expected)}: {misconception}")
     raise AssertionError(f"{what} returned {actual}, expected {list(expected)}. {hint}".strip())
