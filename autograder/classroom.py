@@ -642,6 +642,9 @@ def exercise_scores(root, assignments):
 def plot_distribution(rows, path):
     """Per assignment, one horizontal bar per test: the share of students with full, partial and no
     marks, in the notebook's order (a wall of red shows the exercise to teach again)."""
+    if not rows:  # every notebook failed to grade (its reason is in the report): nothing to draw
+        pathlib.Path(path).unlink(missing_ok=True)
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

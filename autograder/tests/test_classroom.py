@@ -242,6 +242,22 @@ def test_interrupted_grading_resumes_without_regrading(tmp_path):
         assert (score == max_score(assignment)) == (outcome == "full"), f"{student}/{assignment}: {entry}"
 
 
+def test_a_class_whose_every_notebook_fails_to_grade_still_gets_its_report(tmp_path):
+    """No grade at all (here: the only hand-in is not a notebook): the report, the grades and the ledger
+    say why, and there is no distribution to draw rather than a crash after grading."""
+    folder = tmp_path / "hand-ins" / "submitted" / "una" / "04_self_attention"
+    folder.mkdir(parents=True)
+    (folder / "04_self_attention.ipynb").write_text("this is not a notebook")
+    root = tmp_path / "course"
+    (root).mkdir()
+    (root / "score_distribution.png").write_bytes(b"a stale picture from an earlier class")
+    classroom.grade_class(folder.parents[2], root, cell_timeout=TIMEOUT, quiet=True)
+    entry = classroom.Ledger(root / classroom.LEDGER).entries[("una", "04_self_attention")]
+    assert entry["score"] == 0 and entry["errors"], entry
+    assert "una" in (root / "report.txt").read_text()
+    assert (root / "grades.csv").exists() and not (root / "score_distribution.png").exists()
+
+
 def test_lms_zip_is_taken_in_by_zip_collect(tmp_path):
     """A Canvas-style download: <student>_<ids>_<file name as uploaded>, misnamed files included."""
     archive = tmp_path / "lms-download.zip"
