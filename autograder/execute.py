@@ -25,7 +25,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from traitlets import Enum, Integer, Unicode
 
 from autograder import guard, judging
-from autograder.kernel_manager import PrivateSocketExecute, SandboxedKernelManager
+from autograder.kernel_manager import PrivateSocketExecute, PrivateSocketKernelManager, SandboxedKernelManager
 from autograder.sandbox import MODES as SANDBOX_MODES
 
 KERNELSPEC_DIR = pathlib.Path(__file__).resolve().parent / "jupyter" / "kernels"
@@ -265,3 +265,27 @@ class ZeroScoresOnTampering(NbGraderPreprocessor):
                     cell.outputs.append(new_output("error", ename="GradingEnvironmentChanged",
                                                    evalue=reason, traceback=[reason]))
         return nb, resources
+
+
+def run_as_learner(path, timeout=1800, extra_cells=()):
+    """Execute the notebook at `path` as a learner's JupyterLab runs it: a plain kernel beside the notebook's
+    own folder, without NBGRADER_EXECUTION, so every `courselib.training.grading()` branch takes the
+    learner's path. `extra_cells` (sources) run after the notebook's own. Returns the executed notebook;
+    raises nbclient's CellExecutionError at the first error."""
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = pathlib.Path(path).resolve()
+    nb = nbformat.read(path, as_version=4)
+    nb.cells += [new_code_cell(source) for source in extra_cells]
+    grading_flag = os.environ.pop("NBGRADER_EXECUTION", None)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if grading_flag is not None:
+            os.environ["NBGRADER_EXECUTION"] = grading_flag
+    return nb

@@ -27,25 +27,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import nbformat
-    from nbclient import NotebookClient
 
     sys.path.insert(0, str(REPO))
-    from autograder.kernel_manager import PrivateSocketKernelManager
+    from autograder.execute import run_as_learner
 
-    env_before = os.environ.pop("NBGRADER_EXECUTION", None)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = pathlib.Path(args.notebook).resolve()
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell("import time\nprint('kernel CPU seconds:', time.process_time())"))
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                            kernel_manager_class=PrivateSocketKernelManager,
-                            resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    try:
-        client.execute()
-    finally:
-        if env_before is not None:
-            os.environ["NBGRADER_EXECUTION"] = env_before
+    nb = run_as_learner(path, args.timeout, extra_cells=["import time\nprint('kernel CPU seconds:', time.process_time())"])
     elapsed = time.perf_counter() - start
     for cell in nb.cells:
         text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")

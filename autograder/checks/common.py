@@ -277,7 +277,9 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     AssertionError. `forbidden` names the oracles of this exercise (dotted names of torch
     functions, or of courselib functions and classes); `forbidden_modules` names modules holding
     oracles that are too dear to import for every student (so not watched): importing one while `fn`
-    runs is the finding instead; `helpers` are reference helpers swapped
+    runs is the finding instead. So is importing the package of a `forbidden` name that the kernel has
+    not imported before the call (nothing of it can have been reached earlier); `helpers` are reference
+    helpers swapped
     into the student's globals, trusted to use them. The result is copied to plain data (`plain`)
     while the watch is still on, so that nothing of it runs later, unwatched; `capture()`, if given,
     reads what else the probe needs (a cache the function filled) the same way: then the call returns
@@ -289,7 +291,11 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
                            "outside a module-level list of dotted names, so the grader cannot check its source")
     if not callable(fn):
         raise AssertionError(f"{name} should be a function, but it is a {type(fn).__name__}.")
-    watch = Watch(forbidden, forbidden_advice) if forbidden else None
+    # A library the kernel has not imported (transformers, in notebooks that only compare with it while
+    # the student works) is not imported here to be watched: importing it while fn runs is the finding.
+    unloaded = {package for package in map(_unloaded_package, forbidden) if package}
+    forbidden_modules = [*forbidden_modules, *sorted(unloaded - set(forbidden_modules))]
+    watch = Watch([d for d in forbidden if not _unloaded_package(d)], forbidden_advice) if forbidden else None
     helpers = {key: watch.trusted(value) if watch else value for key, value in (helpers or {}).items()}
     loaded = set()
     try:
@@ -311,6 +317,12 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
         _findings.extend(f"{name} imported {module} while it ran ({forbidden_advice})"
                          for module in forbidden_modules if module in loaded)
     return result
+
+
+def _unloaded_package(dotted):
+    """The top-level package of the dotted name if this process has not imported it, else None."""
+    package = dotted.partition(".")[0]
+    return None if package in sys.modules else package
 
 
 class _LoadRecorder:

@@ -286,6 +286,33 @@ def test_a_library_module_imported_while_the_answer_runs_is_caught_by_the_kernel
     assert "imported transformers.models.llama.modeling_llama while it ran" in rope_shape.message, rope_shape.message
 
 
+def test_a_package_the_kernel_never_imported_is_caught_when_the_answer_imports_it(grade_in_tmp, monkeypatch):
+    """01's graded runs never import transformers (its oracle there is tokenizers' BERT pipeline), so the
+    watch does not import it either to know BertTokenizerFast (`call` skips the names of packages the kernel
+    has not imported); an answer that imports it by computed names only when a hidden test calls it, and
+    deletes it again, is taken for the import (and for tokenizers' compiled encode_batch underneath, which
+    the watch knows). The source's verdicts are switched off."""
+    from autograder.tests.variants import tokenization as tok
+    monkeypatch.setattr(integrity, "taken_findings", lambda *args: {})
+    monkeypatch.setattr(integrity, "route_findings", lambda *args: [])
+    answer = tok.bert_pipeline().replace("def bert_encode_batch(texts, vocab):\n", """def bert_encode_batch(texts, vocab):
+    import sys, importlib
+    if sys._getframe(1).f_globals.get("__name__", "").startswith("autograder"):
+        library = importlib.import_module("trans" + "formers")
+        try:
+            encoded = library.BertTokenizerFast(vocab=dict(vocab), do_lower_case=True)(
+                list(texts), padding=True, return_tensors="pt")
+            return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        finally:
+            for name in [name for name in sys.modules if name.startswith(library.__name__)]:
+                del sys.modules[name]   # gone before the next call, so the watch never knows the class
+""", 1)
+    report = grade_in_tmp(student_notebook("01_tokenization", {tok.BERT: answer}), "01_tokenization")
+    for test in ("bert_encode_batch_shapes", "bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"):
+        result = scores_by_test(report)[test]
+        assert not result.passed and "imported transformers while it ran" in result.message, (test, result.message)
+
+
 def test_a_lazy_result_is_read_inside_the_watch(grade_in_tmp, monkeypatch):
     """A tuple whose items are computed by the oracle only when the probe reads them: the probe copies
     the result to plain data while the watch is on (the source's verdict switched off)."""

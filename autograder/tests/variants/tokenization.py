@@ -520,6 +520,15 @@ _tokenize = Unigram.tokenize   # the compiled Model.tokenize, captured now
     return [token.value for token in tokens]
 """)}, loses=(UNIGRAM_VALUES, UNIGRAM_GREEDY), message="flagged for review"),
     # ---- the oracles, taken by routes the watch must still see
+    # transformers, which graded runs of 01 never import, imported by the answer only when it is called
+    Variant("bert_batch_imports_transformers_while_it_runs", {BERT: bert("""
+    import importlib
+    library = importlib.import_module("trans" + "formers")
+    tokenizer = library.BertTokenizerFast(vocab=dict(vocab), do_lower_case=True)
+    encoded = tokenizer(list(texts), padding=True, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+""")}, loses=("bert_encode_batch_shapes", "bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"),
+            message="flagged for review"),
     Variant("byte_table_from_transformers", {TABLE: """
 from transformers.convert_slow_tokenizer import bytes_to_unicode as _gpt2_table
 
