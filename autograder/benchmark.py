@@ -93,26 +93,30 @@ def sandbox_overhead(assignment="04_self_attention", repeats=3):
             "bwrap_start_seconds": round(statistics.median(starts), 3)}
 
 
-def projection(per_assignment, parallel_efficiency, merge_seconds, longest_seconds,
+def projection(per_assignment, overhead, contention, merge_seconds, longest_seconds,
                students=PROJECTED_STUDENTS, notebooks=PROJECTED_NOTEBOOKS, cores=PROJECTED_CORES):
     """Hours to grade `students` × `notebooks` on `cores` single-threaded Dask workers.
 
-    Method: the work is the sum over the notebooks of their measured median grading time (a notebook
-    of an assignment the demo class lacks is taken to cost as much as the dearest measured one);
-    `cores` workers do it at the parallel efficiency measured here with 2 workers (the speed-up over
-    serial, divided by 2), so wall = work / (cores × efficiency), plus one longest notebook for the
-    tail; the client merges every result (in batches: `merge_seconds` is its measured time per
+    Method: a student's work is the sum over the notebooks of their measured median grading time (a
+    notebook of an assignment the demo class lacks is taken to cost as much as the dearest measured one),
+    times `overhead` (what a notebook costs beyond its grading time: its feedback page, moving its files,
+    merging it; the serial run's wall time over the sum of its notebooks' times) and `contention` (how much
+    slower notebooks grade when workers share a machine: the larger of the two parallel runs' sums of
+    notebook times over the serial run's). `cores` workers share the work out, and the run ends with one
+    longest notebook (the tail). The two-worker speed-up is not used: on a class of 29 notebooks it is
+    mostly its tail, one 60-s notebook still running when the other worker has none left, which a large
+    class pays once. The client merges every result (in batches: `merge_seconds` is its measured time per
     notebook at that rate, `merge_benchmark`), so the run also takes at least notebooks × merge time;
     the larger of the two bounds it."""
     measured = sorted(per_assignment.values(), reverse=True)
     per_student = sum(measured[:notebooks]) + max(measured) * max(0, notebooks - len(measured))
-    work = students * per_student
-    compute = work / (cores * parallel_efficiency) + longest_seconds
+    work = students * per_student * overhead * contention
+    compute = work / cores + longest_seconds
     merging = students * notebooks * merge_seconds
     wall = max(compute, merging)
     return {"students": students, "notebooks_per_student": notebooks, "cores": cores,
-            "seconds_per_student_serial": round(per_student, 1), "work_hours": round(work / 3600, 1),
-            "parallel_efficiency": round(parallel_efficiency, 2),
+            "seconds_per_student_serial": round(per_student, 1), "overhead": round(overhead, 3),
+            "contention": round(contention, 3), "work_hours": round(work / 3600, 1),
             "compute_bound_hours": round(compute / 3600, 2), "merge_bound_hours": round(merging / 3600, 2),
             "hours": round(wall / 3600, 2), "bound_by": "workers" if compute >= merging else "the client's merges",
             "notebooks_per_minute": round(students * notebooks / (wall / 60), 1)}
@@ -164,6 +168,9 @@ def main(submissions=DEMO_CLASS_DIR):
             "load_average_before": round(data["load_average_before"], 2)}
     figures["scheduler_2"]["cluster_start_seconds_not_counted"] = round(cluster_start, 1)
     best = max(figures["localcluster_2"]["speedup_over_serial"], figures["scheduler_2"]["speedup_over_serial"])
+    serial_sum = figures["serial"]["sum_of_notebook_seconds"]
+    overhead = figures["serial"]["seconds"] / serial_sum
+    contention = max(figures[name]["sum_of_notebook_seconds"] for name in ("localcluster_2", "scheduler_2")) / serial_sum
     longest = max((e["seconds"] for e in serial["ledger"].entries.values()), default=0.0)
     merge = max(figures[name]["merge_seconds_per_notebook"] for name in runs)
     floor = kernel_floor_seconds()
@@ -181,7 +188,8 @@ def main(submissions=DEMO_CLASS_DIR):
         "sandbox_overhead": sandbox_overhead(),
         "client_merges": merges,
         "demo_class_merge_seconds_per_notebook": merge,
-        "projection": projection(medians, best / 2, merges["merge_seconds_per_notebook"], longest),
+        "two_worker_efficiency_of_this_class": round(best / 2, 2),
+        "projection": projection(medians, overhead, contention, merges["merge_seconds_per_notebook"], longest),
         "load_average_after": os.getloadavg()[0],
     })
     for assignment, ratio in ratios.items():

@@ -462,3 +462,20 @@ def test_ten_thousand_results_merge_in_batches_and_a_kill_leaves_the_ledger_exac
         required = sum(s for (g, _), s in zip(points[assignment], sent) if not is_stretch(g))
         assert (entry["score"], entry["stretch_score"]) == (required, sum(sent) - required), (student, assignment)
     assert len(mirror.read_text().splitlines()) == MERGED
+
+
+def test_the_projection_counts_each_cost_once():
+    """The benchmark's projection of a large class: a student's notebooks, times what each costs beyond its
+    grading and how much slower grading is beside other workers, shared out over the cores, plus one
+    longest notebook; or the client's merges, if those take longer."""
+    from autograder import benchmark
+    times = {f"0{n}_x": float(n) for n in range(1, 10)}            # 9 assignments measured, 45 s in all
+    projected = benchmark.projection(times, overhead=1.1, contention=1.2, merge_seconds=0.0001,
+                                     longest_seconds=60, students=1000, notebooks=11, cores=100)
+    per_student = 45 + 2 * 9                                        # 2 unmeasured: as dear as the dearest
+    assert projected["seconds_per_student_serial"] == per_student, projected
+    assert projected["hours"] == round((1000 * per_student * 1.1 * 1.2 / 100 + 60) / 3600, 2), projected
+    assert projected["bound_by"] == "workers", projected
+    slow_client = benchmark.projection(times, 1.1, 1.2, merge_seconds=1.0, longest_seconds=60, students=1000,
+                                       notebooks=11, cores=100)
+    assert slow_client["bound_by"] == "the client's merges" and slow_client["hours"] == round(11_000 / 3600, 2), slow_client
