@@ -278,12 +278,11 @@ def call(fn, *args, name=None, helpers=None, forbidden=(), forbidden_advice="", 
     functions, or of courselib functions and classes); `forbidden_modules` names modules holding
     oracles that are too dear to import for every student (so not watched): importing one while `fn`
     runs is the finding instead. So is importing the package of a `forbidden` name that the kernel has
-    not imported before the call (nothing of it can have been reached earlier); `helpers` are reference
-    helpers swapped
-    into the student's globals, trusted to use them. The result is copied to plain data (`plain`)
-    while the watch is still on, so that nothing of it runs later, unwatched; `capture()`, if given,
-    reads what else the probe needs (a cache the function filled) the same way: then the call returns
-    (result, captured)."""
+    not imported before the call (nothing of it can have been reached earlier). `helpers` are reference
+    helpers swapped into the student's globals, trusted to use them. The result is copied to plain data
+    (`plain`) while the watch is still on, so that nothing of it runs later, unwatched; `capture()`, if
+    given, reads what else the probe needs (a cache the function filled) the same way: then the call
+    returns (result, captured)."""
     guard.verify()
     name = name or getattr(fn, "__name__", "your function")
     if _running and not set(forbidden) <= set(_running[0].forbidden):
