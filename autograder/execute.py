@@ -272,20 +272,15 @@ def run_as_learner(path, timeout=1800, extra_cells=()):
     own folder, without NBGRADER_EXECUTION, so every `courselib.training.grading()` branch takes the
     learner's path. `extra_cells` (sources) run after the notebook's own. Returns the executed notebook;
     raises nbclient's CellExecutionError at the first error."""
-    import os
-
     import nbformat
     from nbclient import NotebookClient
+
+    from autograder.grading import environment
 
     path = pathlib.Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
     nb.cells += [new_code_cell(source) for source in extra_cells]
-    grading_flag = os.environ.pop("NBGRADER_EXECUTION", None)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
+    with environment({"NBGRADER_EXECUTION": None, "HF_HUB_OFFLINE": "1"}):
         NotebookClient(nb, timeout=timeout, kernel_name="python3", kernel_manager_class=PrivateSocketKernelManager,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
-    finally:
-        if grading_flag is not None:
-            os.environ["NBGRADER_EXECUTION"] = grading_flag
     return nb

@@ -453,9 +453,14 @@ def runaway_notes(autograded_nb):
 
 @contextlib.contextmanager
 def environment(variables):
-    """Set environment variables (inherited by the kernels nbgrader starts) for the duration."""
+    """Set environment variables (inherited by the kernels nbgrader starts) for the duration; a value of
+    None unsets the variable."""
     saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
+    for name, value in variables.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
         yield
     finally:
