@@ -117,7 +117,7 @@ def more_samples(assignments, repeats, run_key):
     return samples
 
 
-def projection(per_assignment, overhead, contention, merge_seconds, longest_seconds,
+def projection(per_assignment, overhead, contention, merge_seconds, longest_seconds, floor_seconds=0.0,
                students=PROJECTED_STUDENTS, notebooks=PROJECTED_NOTEBOOKS, cores=PROJECTED_CORES):
     """Hours to grade `students` × `notebooks` on `cores` single-threaded Dask workers.
 
@@ -131,11 +131,18 @@ def projection(per_assignment, overhead, contention, merge_seconds, longest_seco
     mostly its tail, one 60-s notebook still running when the other worker has none left, which a large
     class pays once. The client merges every result (in batches: `merge_seconds` is its measured time per
     notebook at that rate, `merge_benchmark`), so the run also takes at least notebooks × merge time;
-    the larger of the two bounds it."""
+    the larger of the two bounds it.
+
+    What warm kernels could win at most: the same hours if each notebook's `floor_seconds` (starting its
+    sandboxed kernel and importing torch) cost nothing, the notebooks themselves unchanged."""
     measured = sorted(per_assignment.values(), reverse=True)
     per_student = sum(measured[:notebooks]) + max(measured) * max(0, notebooks - len(measured))
+
+    def compute_seconds(seconds_per_student):
+        return students * seconds_per_student * overhead * contention / cores + longest_seconds
+
     work = students * per_student * overhead * contention
-    compute = work / cores + longest_seconds
+    compute = compute_seconds(per_student)
     merging = students * notebooks * merge_seconds
     wall = max(compute, merging)
     return {"students": students, "notebooks_per_student": notebooks, "cores": cores,
@@ -143,6 +150,8 @@ def projection(per_assignment, overhead, contention, merge_seconds, longest_seco
             "contention": round(contention, 3), "work_hours": round(work / 3600, 1),
             "compute_bound_hours": round(compute / 3600, 2), "merge_bound_hours": round(merging / 3600, 2),
             "hours": round(wall / 3600, 2), "bound_by": "workers" if compute >= merging else "the client's merges",
+            "hours_if_kernel_starts_cost_nothing":
+                round(max(compute_seconds(per_student - notebooks * floor_seconds), merging) / 3600, 2),
             "notebooks_per_minute": round(students * notebooks / (wall / 60), 1)}
 
 
@@ -218,7 +227,8 @@ def main(submissions=DEMO_CLASS_DIR):
         "client_merges": merges,
         "demo_class_merge_seconds_per_notebook": merge,
         "two_worker_efficiency_of_this_class": round(best / 2, 2),
-        "projection": projection(medians, overhead, contention, merges["merge_seconds_per_notebook"], longest),
+        "projection": projection(medians, overhead, contention, merges["merge_seconds_per_notebook"], longest,
+                                 floor),
         "load_average_after": os.getloadavg()[0],
     })
     for assignment, ratio in ratios.items():

@@ -476,6 +476,11 @@ def test_the_projection_counts_each_cost_once():
     assert projected["seconds_per_student_serial"] == per_student, projected
     assert projected["hours"] == round((1000 * per_student * 1.1 * 1.2 / 100 + 60) / 3600, 2), projected
     assert projected["bound_by"] == "workers", projected
+    free_starts = benchmark.projection(times, 1.1, 1.2, merge_seconds=0.0001, longest_seconds=60, floor_seconds=1.5,
+                                       students=1000, notebooks=11, cores=100)
+    assert free_starts["hours"] == projected["hours"], free_starts        # the floor is a what-if, not a cost
+    assert free_starts["hours_if_kernel_starts_cost_nothing"] == \
+        round((1000 * (per_student - 11 * 1.5) * 1.1 * 1.2 / 100 + 60) / 3600, 2), free_starts
     slow_client = benchmark.projection(times, 1.1, 1.2, merge_seconds=1.0, longest_seconds=60, students=1000,
                                        notebooks=11, cores=100)
     assert slow_client["bound_by"] == "the client's merges" and slow_client["hours"] == round(11_000 / 3600, 2), slow_client
