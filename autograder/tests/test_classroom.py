@@ -40,11 +40,15 @@ def grade_command(hand_ins, root, *options, timeout=TIMEOUT):
 
 
 def worker_running(client, prefix="grade-"):
-    """(address, task key) of a worker busy with a task whose key starts with `prefix`, or None."""
-    for address, keys in client.processing().items():
+    """(address, task key) of a worker running a task whose key starts with `prefix`, or None. Running,
+    as the worker says, not only assigned to it, as the scheduler says: the scheduler may still move an
+    assigned task to an idle worker (work stealing), and a worker killed then did not die running it."""
+    def executing(dask_worker):  # local: sent by value, so a worker imports nothing to run it (an import
+        return [str(task.key) for task in dask_worker.state.executing]  # beside its task's can race it)
+    for address, keys in client.run(executing, on_error="ignore").items():
         for key in keys:
-            if str(key).startswith(prefix):
-                return address, str(key)
+            if key.startswith(prefix):
+                return address, key
     return None
 
 

@@ -213,14 +213,24 @@ class HubBrowser(Browser):
     def terminal(self, command, marker, timeout_s):
         """Type `command` into a new terminal of this user's lab; it must write its exit code to
         ~/`marker`. Returns (exit code, the log ~/`marker`.log)."""
+        from playwright.sync_api import Error as PlaywrightError
         self.page.locator(".lm-MenuBar-item", has_text="File").click()
         self.page.locator(".lm-Menu-item[data-type='submenu']:visible", has_text="New").click()
         self.page.locator(".lm-Menu-item[data-command='terminal:create-new']:visible").click()
         screen = self.page.locator(".jp-Terminal:visible .xterm-screen").last   # the new one, not an earlier tab's
         screen.wait_for()
         # force: a busy machine can keep xterm's canvas "scrolling into view" past any timeout; the click
-        # only gives the terminal the keyboard
-        screen.click(force=True)
+        # only gives the terminal the keyboard. Tried again while the new tab settles: xterm can redraw its
+        # screen between the locator's match and the click ("Element is not visible").
+        deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+        while True:
+            try:
+                screen.click(force=True, timeout=5_000)
+                break
+            except PlaywrightError:
+                if time.monotonic() > deadline:
+                    raise
+                self.page.wait_for_timeout(500)
         time.sleep(0.5)  # the shell's prompt
         home = self.hub.home(self.user)
         # as pasted text: typed key by key, a long line takes a second per 40 characters on a busy machine
