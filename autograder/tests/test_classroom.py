@@ -43,8 +43,9 @@ def worker_running(client, prefix="grade-"):
     """(address, task key) of a worker running a task whose key starts with `prefix`, or None. Running,
     as the worker says, not only assigned to it, as the scheduler says: the scheduler may still move an
     assigned task to an idle worker (work stealing), and a worker killed then did not die running it."""
-    def executing(dask_worker):  # local: sent by value, so a worker imports nothing to run it (an import
-        return [str(task.key) for task in dask_worker.state.executing]  # beside its task's can race it)
+    # local, so sent by value: a worker imports nothing to run it (an import beside its task's can race it)
+    def executing(dask_worker):
+        return [str(task.key) for task in dask_worker.state.executing]
     for address, keys in client.run(executing, on_error="ignore").items():
         for key in keys:
             if key.startswith(prefix):
