@@ -45,7 +45,7 @@ $(STAMP): environment.yml pyproject.toml tools/pins.py tools/install_pins.py
 	$(PYTHON) tools/pins.py > $(VENV)/requirements.txt
 	@# uv installs the pins and their bytecode on every core (24 s against pip's 82 s on two cores), with the
 	@# settings pip has on this machine; tools/install_pins.py falls back to pip when uv cannot do it
-	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION) || echo "uv not installed: pip will install the pins"
+	$(BIN)/pip install -qq --disable-pip-version-check uv==$(UV_VERSION) || echo "uv not installed: pip will install the pins"
 	$(BIN)/python tools/install_pins.py $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (transformers course)" > /dev/null
