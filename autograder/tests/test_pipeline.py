@@ -1,14 +1,18 @@
 """Solutions score 100%, released notebooks score 0 and still run, course/ is what release makes."""
 import filecmp
+import pathlib
 import re
 import secrets
 import shutil
+import subprocess
+import sys
 
 import nbformat
 import pytest
+from sqlalchemy import text
 
 from autograder import grading
-from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids
+from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids, nbgrader_config
 from autograder.execute import run_as_learner
 from autograder.grading import autograde
 from autograder.judging import RUN_KEY_ENV
@@ -107,6 +111,23 @@ def test_course_is_exactly_what_release_generates(tmp_path):
     for relative in generated:
         assert filecmp.cmp(tmp_path / relative, COURSE_DIR / relative, shallow=False), (
             f"course/{relative} differs from what `make release` generates: never edit course/ by hand")
+
+
+def test_gradebooks_get_the_schema_revision_alembic_prints(tmp_path, monkeypatch):
+    """nbgrader_config() hands nbgrader an in-process reading of its gradebook schema's revision (no
+    `alembic` process: none is on the PATH here); it must be what nbgrader's own way (an `alembic heads`
+    process) reads, or new gradebooks would be stamped with a revision nbgrader's migrations do not know."""
+    from nbgrader.api import Gradebook
+    from nbgrader.dbutil import _temp_alembic_ini
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'unused.db'}") as alembic_ini:
+        printed = subprocess.run([str(pathlib.Path(sys.executable).parent / "alembic"), "-c", alembic_ini, "heads"],
+                                 capture_output=True, text=True, check=True).stdout
+    expected = printed.split("\n")[0].split(" ")[0]
+    nbgrader_config(root=tmp_path, work=tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs-here"))
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "course") as gradebook:
+        stamped = gradebook.db.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    assert stamped == expected, f"a new gradebook is stamped {stamped!r}; `alembic heads` prints {expected!r}"
 
 
 def test_solutions_and_course_list_the_same_assignments():
