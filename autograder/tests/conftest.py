@@ -5,6 +5,7 @@ suite pins it, so that a mutant is caught on the same inputs every time; the sol
 graded with fresh random keys (test_pipeline.py), which proves no check depends on lucky seeds.
 """
 import os
+import time
 
 import nbformat
 import pytest
@@ -13,6 +14,23 @@ from autograder.grading import check_notebook
 from autograder.judging import RUN_KEY_ENV
 
 os.environ.setdefault(RUN_KEY_ENV, "the test suite's fixed key")
+
+
+# Both clocks at the start of the session. On a virtual machine they part while the host pauses the guest:
+# the wall clock catches up afterwards, the monotonic one (pytest's durations) does not count the pause.
+SESSION_CLOCKS = {}
+
+
+def pytest_sessionstart(session):
+    SESSION_CLOCKS.update(wall=time.time(), monotonic=time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter):
+    paused = (time.time() - SESSION_CLOCKS["wall"]) - (time.monotonic() - SESSION_CLOCKS["monotonic"])
+    if paused > 5:
+        terminalreporter.write_line(
+            f"note: the wall clock ran {paused:.0f} s ahead of the monotonic clock during this run: the machine "
+            "was paused that long (a virtual machine's host?), and the duration pytest prints leaves it out")
 
 
 def grade(nb, assignment_id, tmp_path, name=None):
