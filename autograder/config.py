@@ -71,6 +71,8 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     c.OverwriteCells.add_missing_cells = True
     # A library warning on stderr must never cost a correct answer its points (see stderr.py).
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
+    from autograder.feedback import FeedbackHTMLExporter
+    c.GenerateFeedback.exporter_class = FeedbackHTMLExporter   # nbconvert's, without a costly pass (see there)
     import nbgrader.api
     nbgrader.api.get_alembic_version = gradebook_schema_revision  # see there: nbgrader's own costs a process
     return c
