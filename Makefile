@@ -43,7 +43,7 @@ $(CHROMIUM):
 $(STAMP): environment.yml pyproject.toml tools/pins.py tools/install_pins.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) tools/pins.py > $(VENV)/requirements.txt
-	@# uv installs the pins and their bytecode on every core (24 s against pip's 82 s on two cores), with the
+	@# uv installs the pins and their bytecode on every core (27-36 s against pip's 82 s on two cores), with the
 	@# settings pip has on this machine; tools/install_pins.py falls back to pip when uv cannot do it
 	$(BIN)/pip install -qq --disable-pip-version-check uv==$(UV_VERSION) || echo "uv not installed: pip will install the pins"
 	$(BIN)/python tools/install_pins.py $(VENV)/requirements.txt

@@ -2,7 +2,7 @@
 
 `make env` runs it with .venv's Python. It installs with uv when uv is there and every setting pip
 would use can be said to uv, because uv finds and unpacks packages in parallel: on this course's
-2-core machine 24 s for the pins and their bytecode, against 57 s of pip and 25 s of compileall.
+2-core machine 27-36 s for the pins and their bytecode, against 57 s of pip and 25 s of compileall.
 Otherwise, or when uv fails, it installs with pip and says why.
 
 uv reads none of pip's configuration (pip.conf, PIP_* variables), so the settings are asked of pip
