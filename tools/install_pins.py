@@ -66,9 +66,11 @@ def uv_arguments(settings):
 
 
 def install_with_uv(requirements, uv):
-    config_list = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                                 text=True, check=True).stdout
-    translated, untranslated = uv_arguments(effective_settings(config_list))
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    if config.returncode != 0:
+        print(f"install_pins: `pip config list` failed ({config.stderr.strip()}); installing with pip")
+        return False
+    translated, untranslated = uv_arguments(effective_settings(config.stdout))
     if translated is None:
         print(f"install_pins: pip's setting {untranslated!r} has no uv equivalent here; installing with pip")
         return False

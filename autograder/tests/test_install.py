@@ -77,3 +77,21 @@ def test_pip_installs_when_uv_is_missing_or_fails(monkeypatch, tmp_path, uv_exit
                 1: ["-m pip config", str(tmp_path / "uv"), "-m pip install", "-m compileall -q"],
                 0: ["-m pip config", str(tmp_path / "uv")]}[uv_exit]
     assert used == expected, f"with uv {uv_exit}: ran {used}"
+
+
+def test_pip_installs_when_pip_cannot_say_its_settings(monkeypatch, tmp_path, capsys):
+    (tmp_path / "uv").write_text("#!/bin/sh\n")
+    (tmp_path / "uv").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        failed = command[1:4] == ["-m", "pip", "config"]
+        return subprocess.CompletedProcess(command, 1 if failed else 0, stdout="", stderr="broken pip.conf")
+
+    monkeypatch.setattr(install_pins.subprocess, "run", run)
+    install_pins.main("requirements.txt")
+    assert not any(command[0].endswith("uv") for command in commands), "uv ran without pip's settings"
+    assert any(command[1:4] == ["-m", "pip", "install"] for command in commands), "nothing installed the pins"
+    assert "broken pip.conf" in capsys.readouterr().out, "the reason for falling back to pip is not said"
