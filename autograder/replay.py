@@ -130,6 +130,7 @@ class ReplayExecute(GuardedExecute):
     pending = None      # [(name, {answer grade_id: source}, the test grade_ids wanted or None for all)], set by
                         # replay() for the next autograde here
     results = None      # name -> Outcome, filled in as variants are graded
+    reference_cpu_seconds = None  # the kernel's CPU seconds (imports included) once the reference run is judged
 
     def preprocess(self, nb, resources=None, km=None):
         self._pristine = [copy.deepcopy(cell) for cell in nb.cells]
@@ -145,6 +146,8 @@ class ReplayExecute(GuardedExecute):
     def finish(self, nb, resources=None):
         reference = super().finish(nb, resources)
         if ReplayExecute.pending is not None:
+            if ReplayExecute.reference_cpu_seconds is None:
+                ReplayExecute.reference_cpu_seconds = self._kernel_cpu_seconds()
             self._grade_variants(nb, resources, reference)
         return reference
 
@@ -244,6 +247,14 @@ class ReplayExecute(GuardedExecute):
         self.execute_armed(cell, resources, index)
         return cell
 
+    def _kernel_cpu_seconds(self):
+        """The kernel's CPU time so far, as the kernel itself reads it (`time.process_time()`)."""
+        reply = self.wait_for_reply(self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
+                                                    user_expressions={"cpu": "__import__('time').process_time()"}))
+        if reply is None or reply["content"]["status"] != "ok":
+            raise RuntimeError(f"the replay could not read the kernel's CPU time: {reply and reply['content']}")
+        return float(reply["content"]["user_expressions"]["cpu"]["data"]["text/plain"])
+
     def _silent(self, code):
         """Run grader code in the kernel with no output and no trace in the notebook."""
         reply = self.wait_for_reply(self.kc.execute(code, silent=True, store_history=False, allow_stdin=False))
@@ -274,7 +285,8 @@ def score(nb, findings, flags, config, cells_run):
 
 def replay(assignment_id, variants, cell_timeout=None, wanted=None):
     """Grade `variants` ({name: {answer grade_id: source}}) of one notebook; returns (the reference's
-    Report from the real path, {name: Outcome}). Variants that need a fresh kernel get one.
+    Report from the real path, {name: Outcome}, the kernel's CPU seconds at the end of the reference run,
+    imports included). Variants that need a fresh kernel get one.
 
     `wanted` ({name: test grade_ids}) limits a variant to the verdicts of those test cells (and of the
     cells they need): a mutant that must lose on its own exercise's tests does not also train the
@@ -285,6 +297,7 @@ def replay(assignment_id, variants, cell_timeout=None, wanted=None):
     from autograder.submissions import student_notebook
     source_nb = grading.source_notebook(assignment_id)
     results, remaining, reference = {}, dict(variants), None
+    ReplayExecute.reference_cpu_seconds = None
     with tempfile.TemporaryDirectory(prefix="replay-") as tmp:
         path = pathlib.Path(tmp) / f"{assignment_id}.ipynb"
         nbformat.write(student_notebook(assignment_id), path)
@@ -303,4 +316,4 @@ def replay(assignment_id, variants, cell_timeout=None, wanted=None):
                 del remaining[name]
     for name, answers in variants.items():
         results[name].flags[:0] = grading.integrity_flags(student_notebook(assignment_id, answers), source_nb)
-    return reference, results
+    return reference, results, ReplayExecute.reference_cpu_seconds

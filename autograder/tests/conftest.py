@@ -1,8 +1,9 @@
 """Shared helpers for the test suite: build student notebooks and grade them like `check` does.
 
 Grading derives the hidden tests' inputs from a secret key per run (autograder/judging.py). The
-suite pins it, so that a mutant is caught on the same inputs every time; the solutions are also
-graded with fresh random keys (test_pipeline.py), which proves no check depends on lucky seeds.
+suite pins it, so that a mutant is caught on the same inputs every time; the demo class, whose student
+ada hands in the reference answers of every notebook, is graded under a fresh random key every run
+(test_classroom.graded_demo), which proves over many runs that no check depends on lucky seeds.
 """
 import os
 import time

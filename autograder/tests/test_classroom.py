@@ -4,6 +4,7 @@ import filecmp
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from sqlalchemy import text
 
 from autograder import classroom, cluster, demo
 from autograder.grading import grade_cells, is_stretch, max_score, source_notebook, stretch_points
+from autograder.judging import RUN_KEY_ENV
 
 TIMEOUT = 10  # seconds per cell: the demo's infinite loop costs this much once
 # The demo class (graded once, through a scheduler) and the class it is compared with give cells more
@@ -60,7 +62,7 @@ def kill_worker(client, address):
     return pid
 
 
-def grade_through_a_scheduler_killing_a_worker(hand_ins, root, log_path, timeout):
+def grade_through_a_scheduler_killing_a_worker(hand_ins, root, log_path, timeout, env=None):
     """`python -m autograder grade --scheduler` on a scheduler and two `dask worker` processes, as a large
     class is graded, with one worker SIGKILLed once it has been busy with one notebook for 10 s.
     Returns {"returncode", "killed": [worker, task key] or None, "output": the end of the log}."""
@@ -68,7 +70,7 @@ def grade_through_a_scheduler_killing_a_worker(hand_ins, root, log_path, timeout
     with cluster.processes_on_localhost(workers=2) as processes:
         with open(log_path, "w") as log:
             grader = subprocess.Popen(grade_command(hand_ins, root, "--scheduler", processes.address, timeout=timeout),
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             killed, busy_since = None, {}
             with Client(processes.address, timeout=30, set_as_default=False) as client:
@@ -95,6 +97,9 @@ def graded_demo(tmp_path_factory):
     worker processes, one of them killed mid-task (test_cluster.py checks that run; the tests here check
     what every student got, and test_serial_parallel_and_scheduler_grading_agree compares it with grading
     in one process). Shared by the pytest-xdist workers through a lock: the first one that needs it grades.
+    Graded under a fresh random key (the suite's fixed one is left out of the grader's environment, so the
+    course folder makes its own): ada's hand-ins, the reference answers of every notebook, then meet
+    hidden-test inputs no run has seen before, and a correct answer that fails for some keys shows here.
     Returns (course folder, the run: returncode, killed, output and the report, the ledger)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's folder
@@ -102,12 +107,18 @@ def graded_demo(tmp_path_factory):
     with open(shared / "demo-class.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not saved.exists():
+            fresh_key = {name: value for name, value in os.environ.items() if name != RUN_KEY_ENV}
             run = grade_through_a_scheduler_killing_a_worker(demo.DEMO_CLASS_DIR, root, shared / "demo-class.log",
-                                                             DEMO_TIMEOUT)
+                                                             DEMO_TIMEOUT, env=fresh_key)
             report = root / "report.txt"
             run["report"] = report.read_text().rstrip("\n") if report.exists() else ""
             saved.write_text(json.dumps(run))
     return root, json.loads(saved.read_text()), classroom.Ledger(root / classroom.LEDGER)
+
+
+def demo_key(root):
+    """The key the demo class was graded with (its course folder's own)."""
+    return (root / classroom.RUN_KEY_FILE).read_text()
 
 
 def test_committed_demo_class_is_what_the_builder_writes(tmp_path):
@@ -132,10 +143,13 @@ def test_demo_student_gets_what_they_deserve(graded_demo, student, assignment):
     assert entry is not None, f"{student}/{assignment} has no line in the ledger: it was never graded"
     full = max_score(assignment)
     notes = " | ".join(entry["errors"] + entry["flags"])
+    key = f"{RUN_KEY_ENV}={demo_key(root)}"  # to grade again with the same inputs
     if outcome == "full":
-        assert entry["score"] == full, f"{student}/{assignment}: a correct answer lost points: {entry}"
-        assert entry["stretch_score"] == stretch_points(assignment) or student != "ada", \
-            f"ada's optional stretch answers lost points: {entry}"
+        assert entry["score"] == full, f"{student}/{assignment}: a correct answer lost points with {key}: {entry}"
+        if student == "ada":  # the reference answers, optional stretch ones included
+            assert entry["stretch_score"] == stretch_points(assignment), \
+                f"ada's optional stretch answers lost points with {key}: {entry}"
+            assert not entry["errors"] and not entry["flags"], f"the reference answers raised notes with {key}: {notes}"
     elif outcome == "zero":
         assert entry["score"] == 0, f"{student}/{assignment} should score 0 but got {entry['score']}: {notes}"
     else:
@@ -144,6 +158,14 @@ def test_demo_student_gets_what_they_deserve(graded_demo, student, assignment):
         feedback = root / "feedback" / student / assignment / f"{assignment}.html"
         shown = notes + (feedback.read_text() if feedback.exists() else "")
         assert words in shown, f"{student}/{assignment}: expected '{words}' in the report or feedback: {notes}"
+
+
+def test_the_demo_class_is_graded_under_a_fresh_key(graded_demo):
+    """Not the suite's fixed key (conftest.py), which every other grading here uses: a new one each run."""
+    key = demo_key(graded_demo[0])
+    assert key != os.environ[RUN_KEY_ENV] and re.fullmatch("[0-9a-f]{64}", key), (
+        f"the demo class was graded with {key!r}, not a fresh random key: ada's hand-ins would meet the same "
+        "hidden-test inputs every run")
 
 
 def test_demo_class_report_and_outputs(graded_demo):
@@ -186,11 +208,12 @@ def grade_and_time(hand_ins, root, jobs):
     return classroom.exercise_scores(root, classroom.assignment_ids()), summary
 
 
-def test_serial_parallel_and_scheduler_grading_agree(graded_demo, tmp_path):
+def test_serial_parallel_and_scheduler_grading_agree(graded_demo, tmp_path, monkeypatch):
     """The same hand-ins graded in this process (JOBS=1), on a Dask LocalCluster of two worker processes
     (JOBS=2), and through a scheduler whose worker was killed mid-task (the demo class): the same score on
     every test cell."""
     hand_ins = class_of(SMALL_CLASS, tmp_path)
+    monkeypatch.setenv(RUN_KEY_ENV, demo_key(graded_demo[0]))  # the demo class's inputs
     serial, serial_summary = grade_and_time(hand_ins, tmp_path / "serial", jobs=1)
     parallel, parallel_summary = grade_and_time(hand_ins, tmp_path / "parallel", jobs=2)
     assert serial, "serial grading produced no scores"

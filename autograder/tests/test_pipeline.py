@@ -1,8 +1,12 @@
-"""Solutions score 100%, released notebooks score 0 and still run, course/ is what release makes."""
+"""Released notebooks score 0 and still run, course/ is what release makes, solutions pass nbgrader's validator.
+
+That the reference answers score 100% is proven where they are graded anyway: by test_variants.py's replay
+(the released notebook with the reference answers typed in, through the real path, its CPU budget measured)
+and by ada's hand-ins in the demo class (test_classroom.py), which are graded under a fresh random key every
+run."""
 import filecmp
 import pathlib
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -11,60 +15,18 @@ import nbformat
 import pytest
 from sqlalchemy import text
 
-from autograder import grading
 from autograder.config import COURSE_DIR, SOLUTIONS_DIR, assignment_ids, nbgrader_config
 from autograder.execute import run_as_learner
 from autograder.grading import autograde
-from autograder.judging import RUN_KEY_ENV
 from autograder.kernel_manager import private_socket_validator
 from autograder.release import release
 from autograder.submissions import is_answer_cell, reference_answers, released_path, solution_path, student_notebook
 
 ASSIGNMENTS = assignment_ids()
-EXECUTION_BUDGET_SECONDS = 15
-TRAINING_BUDGET_SECONDS = 30  # 07-11 train models while they run
-TRAINING_NOTEBOOKS = ("07_", "08_", "09_", "10_", "11_")
 
 
 def test_there_are_assignments():
     assert "04_self_attention" in ASSIGNMENTS, f"expected the exemplar notebook among {ASSIGNMENTS}"
-
-
-@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
-def test_solution_scores_full_marks_within_its_budget(assignment_id, monkeypatch, tmp_path):
-    """With a fresh random key: hidden inputs this run has never seen (the key is in the message). The
-    same run measures the budget: the kernel's CPU seconds (imports included) at the end of the notebook,
-    under grading (the notebooks that train shorten their runs, `courselib.training.grading()`). CPU time
-    is what a loaded machine does not inflate the way it inflates wall-clock time; on an idle 2-core
-    machine the two agree (one thread). The self-study runs, minutes long by design, are measured apart
-    (tools/selfstudy_run.py). (The released notebook with the reference answers typed in is graded by
-    test_variants.py's replay, through the same path.)"""
-    key = secrets.token_hex(8)
-    monkeypatch.setenv(RUN_KEY_ENV, key)
-    captured, real = {}, grading._autograde
-
-    def autograde(*args, **kwargs):
-        result = real(*args, **kwargs)
-        captured["nb"] = result[0]
-        return result
-    monkeypatch.setattr(grading, "_autograde", autograde)
-    nb = nbformat.read(solution_path(assignment_id), as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell("import time\nprint('kernel CPU seconds:', time.process_time())",
-                                              id="kernel-cpu-seconds"))
-    folder = tmp_path / assignment_id       # the solution's folder, data files and all
-    shutil.copytree(solution_path(assignment_id).parent, folder)
-    nbformat.write(nb, folder / f"{assignment_id}.ipynb")
-    report = grading.check_notebook(folder / f"{assignment_id}.ipynb", assignment_id)
-    failed = [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
-    assert not failed and not report.errors, f"solution lost points with {RUN_KEY_ENV}={key}: {failed} {report.errors}"
-    assert report.full_marks and report.max_score > 0
-    assert report.flags == [], f"a solution should raise no integrity flags: {report.flags}"
-    printed = "".join(output.get("text", "") for output in captured["nb"].cells[-1].outputs
-                      if output.get("output_type") == "stream")   # a loaded machine may split one print
-    cpu = float(printed.split(":")[1])
-    print(f"{assignment_id}: {cpu:.1f} s of kernel CPU under grading")
-    budget = TRAINING_BUDGET_SECONDS if assignment_id.startswith(TRAINING_NOTEBOOKS) else EXECUTION_BUDGET_SECONDS
-    assert cpu < budget, f"{assignment_id} took {cpu:.1f} s of CPU under grading (budget {budget} s)"
 
 
 # Notebooks whose graded runs skip transformers (a second or more to import) where only the learner's

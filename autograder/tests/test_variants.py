@@ -21,10 +21,14 @@ VARIANTS = variants_by_assignment()
 MUTANTS = [(a, v) for a, (mutants, _) in VARIANTS.items() for v in mutants]
 ALTERNATIVES = [(a, v) for a, (_, alternatives) in VARIANTS.items() for v in alternatives]
 _replays = {}
+EXECUTION_BUDGET_SECONDS = 15
+TRAINING_BUDGET_SECONDS = 30  # 07-11 train models while they run
+TRAINING_NOTEBOOKS = ("07_", "08_", "09_", "10_", "11_")
 
 
 def replayed(assignment_id):
-    """(the reference's report, {"mutant:<name>" / "alternative:<name>": Outcome}), once per process.
+    """(the reference's report, {"mutant:<name>" / "alternative:<name>": Outcome}, the kernel's CPU seconds at
+    the end of the reference run), once per process.
 
     A mutant is asserted on the tests it names (`loses`), so the replay decides those (and runs what they
     need) and leaves the rest of what it reaches undecided: a mutant of the attention does not train the
@@ -67,13 +71,21 @@ def test_every_notebook_keeps_mutants_and_alternatives():
 
 
 @pytest.mark.parametrize("assignment_id", grouped([(a,) for a in VARIANTS], lambda c: c[0]))
-def test_reference_answers_score_full_marks_in_the_replay(assignment_id):
+def test_reference_answers_score_full_marks_within_their_budget(assignment_id):
     """The replay's reference run is the real path (autograde in the sandbox) on the released notebook
-    with the reference answers typed in: full marks, no flags, no errors."""
+    with the reference answers typed in: full marks, no flags, no errors. (Under a fresh random key every
+    run: ada's hand-ins in the demo class, test_classroom.py.) The same run measures the budget: the
+    kernel's CPU seconds, imports included, once the notebook has run and been judged, under grading (the
+    notebooks that train shorten their runs, `courselib.training.grading()`). CPU time is what a loaded
+    machine does not inflate the way it inflates wall-clock time. The self-study runs, minutes long by
+    design, are measured apart (tools/selfstudy_run.py)."""
     (assignment_id,) = assignment_id
-    report, _ = replayed(assignment_id)
+    report, _, cpu = replayed(assignment_id)
     assert report.full_marks, [f"{t.grade_id}: {t.message}" for t in report.tests if not t.passed]
     assert report.flags == [] and report.errors == [], (report.flags, report.errors)
+    print(f"{assignment_id}: {cpu:.1f} s of kernel CPU under grading")
+    budget = TRAINING_BUDGET_SECONDS if assignment_id.startswith(TRAINING_NOTEBOOKS) else EXECUTION_BUDGET_SECONDS
+    assert cpu < budget, f"{assignment_id} took {cpu:.1f} s of CPU under grading (budget {budget} s)"
 
 
 @pytest.mark.parametrize("case", grouped(MUTANTS, variant_id))
