@@ -92,16 +92,17 @@ def gradebook_schema_revision():
 
 
 def autograde_preprocessors():
-    """nbgrader's autograde pipeline, with the hardened Execute and two steps of the course's."""
+    """nbgrader's autograde pipeline, with the hardened Execute and three steps of the course's."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
     from autograder.execute import GuardedExecute, ZeroScoresOnTampering
+    from autograder.safe_html import SafeForViewers
     from autograder.stderr import KeepStderrFromFailingTests
     return [GuardedExecute, KeepStderrFromFailingTests, IgnorePattern, ClearMetadataPreprocessor,
             LimitOutput, ZeroScoresOnTampering, SaveAutoGrades, AssignLatePenalties,
-            CheckCellMetadata]
+            CheckCellMetadata, SafeForViewers]   # the last: what browsers render of it (safe_html.py)
 
 
 def guard_environment(config):

@@ -270,7 +270,7 @@ def score(nb, findings, flags, config, cells_run):
     resources = {"guard_findings": findings, "judge_flags": flags}
     for step in autograde_preprocessors():
         if step.__name__ in ("GuardedExecute", "ClearMetadataPreprocessor", "SaveAutoGrades",
-                             "AssignLatePenalties", "CheckCellMetadata"):
+                             "AssignLatePenalties", "CheckCellMetadata", "SafeForViewers"):
             continue
         nb, resources = step(config=config).preprocess(nb, resources)
     scores, messages = {}, {}

@@ -1,0 +1,99 @@
+"""A graded notebook holds no script of the student's when a browser renders it.
+
+Formgrader (the instructor's grading page, served by the instructor's own Jupyter server) and the
+feedback pages render the autograded notebook as HTML with its outputs and markdown cells as they
+are: nbconvert's default. A student's `display(HTML('<img src=x onerror=...>'))`, or a markdown cell
+of their own, would then run script in the instructor's page with the instructor's session (start a
+kernel there, rewrite the gradebook). nbconvert's `sanitize_html` is no answer: it escapes the
+course's own headings and hints into visible tags, and formgrader's template renders markdown cells
+without it. So the autograded notebook itself is made safe, as the last autograde step (its grades
+are decided by then), before anything renders it:
+- a markdown or raw cell that is not one of the course's own (its source, exactly) is shown as text:
+  a fenced block, longer than any run of backticks in it;
+- outputs keep text (streams, plain text, tracebacks), PNG and JPEG images whose data is base64, and
+  HTML cleaned to an allowlist of tags and attributes (text, tables, lists, links to http(s) and
+  mailto); every other representation (JavaScript, SVG, markdown, LaTeX, widgets) goes, and so does
+  the outputs' metadata (nbconvert writes an image's width and height into unquoted attributes);
+- a cell's metadata keeps only the nbgrader part (restored from the source by `grading.sanitize`) and
+  tags that are plain names; the notebook's metadata keeps only the kernel and the language.
+"""
+import functools
+import re
+
+import bleach
+from nbformat.v4 import new_markdown_cell
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from autograder import grading
+
+TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "dd", "div", "dl", "dt", "em", "h1", "h2",
+        "h3", "h4", "h5", "h6", "hr", "i", "li", "ol", "p", "pre", "s", "small", "span", "strong", "sub",
+        "sup", "table", "tbody", "td", "tfoot", "th", "thead", "tr", "u", "ul"}
+ATTRIBUTES = {"*": ["class", "title"], "a": ["href", "title"], "td": ["colspan", "rowspan"],
+              "th": ["colspan", "rowspan"]}
+PROTOCOLS = {"http", "https", "mailto"}
+IMAGES = ("image/png", "image/jpeg")
+BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+PLAIN_TAG = re.compile(r"[A-Za-z0-9_-]+")
+NOTEBOOK_METADATA = ("kernelspec", "language_info", "autograder")  # the last: the guard's findings (execute.py)
+
+
+def clean_html(html):
+    return bleach.clean("".join(html) if isinstance(html, list) else html, tags=TAGS, attributes=ATTRIBUTES,
+                        protocols=PROTOCOLS, strip=True, strip_comments=True)
+
+
+def as_text(source):
+    """Markdown that shows `source` as it is: a fenced block no line of it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", source)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{source}\n{fence}"
+
+
+def safe_output(output):
+    output.pop("metadata", None)
+    if output.get("output_type") in ("display_data", "execute_result"):
+        output["metadata"] = {}
+        data = output.get("data", {})
+        kept = {}
+        if "text/plain" in data:
+            kept["text/plain"] = data["text/plain"]
+        for mime in IMAGES:
+            if isinstance(data.get(mime), str) and BASE64.fullmatch(data[mime]):
+                kept[mime] = data[mime]
+        if isinstance(data.get("text/html"), (str, list)):
+            kept["text/html"] = clean_html(data["text/html"])
+        output["data"] = kept
+    return output
+
+
+def make_safe(nb, course_sources):
+    """The notebook, safe to render (see the module's docstring). `course_sources`: the sources of the
+    course's own markdown and raw cells, which render as the course wrote them."""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type in ("markdown", "raw") and cell.source not in course_sources:
+            cell = nb.cells[index] = new_markdown_cell(as_text(cell.source), id=cell.get("id") or f"cell-{index}")
+        metadata = {"nbgrader": cell.metadata["nbgrader"]} if "nbgrader" in cell.metadata else {}
+        tags = cell.metadata.get("tags")
+        if isinstance(tags, list) and all(isinstance(t, str) and PLAIN_TAG.fullmatch(t) for t in tags):
+            metadata["tags"] = tags
+        cell.metadata = metadata
+        if cell.cell_type == "code":
+            cell.outputs = [safe_output(output) for output in cell.get("outputs", [])]
+    nb.metadata = {key: nb.metadata[key] for key in NOTEBOOK_METADATA if key in nb.metadata}
+    return nb
+
+
+@functools.cache
+def course_cell_sources(assignment_id):
+    """The sources of an assignment's own markdown and raw cells (the released ones are the same)."""
+    return frozenset(cell.source for cell in grading.source_notebook(assignment_id).cells
+                     if cell.cell_type in ("markdown", "raw"))
+
+
+class SafeForViewers(NbGraderPreprocessor):
+    """The last step of autograde: the notebook that formgrader and the feedback pages render holds
+    nothing of the student's that a browser would run."""
+
+    def preprocess(self, nb, resources):
+        return make_safe(nb, course_cell_sources(resources["nbgrader"]["assignment"])), resources
