@@ -170,3 +170,20 @@ def test_a_hostile_hand_in_graded_in_a_class_leaves_nothing_to_run(page, tmp_pat
         assert found["ran"] == [] and found["frames"] == 0 and found["handlers"] == benign["handlers"] \
             and found["javascript_links"] == benign["javascript_links"], (
                 f"the {render.__name__} of a graded hand-in holds the student's script: {found}")
+
+
+@pytest.mark.parametrize("html, cleaned", [
+    ('<p onclick="x()">text</p><script>x()</script>', "<p>text</p>x()"),
+    ("<a href='javascript:1'>a</a>", "<a>a</a>"),            # bleach's own protocol check lets this one by
+    ("<A HREF=' JaVaScRiPt:x()'>a</A>", "<a>a</a>"),
+    ("<a href='\x01javascript:x()'>a</a>", "<a>a</a>"),
+    ("<a href='https://example.org/?q=1' title='t' style='position:fixed'>a</a>",
+     '<a href="https://example.org/?q=1" title="t">a</a>'),
+    ("<table><tr><td colspan='2 onmouseover=x()' rowspan=2 class=c>t</td></tr></table>",
+     '<table><tbody><tr><td rowspan="2" class="c">t</td></tr></tbody></table>'),
+    ("<iframe srcdoc='<script>x()</script>'></iframe><img src=x onerror=x()><svg onload=x()></svg>", ""),
+])
+def test_html_outputs_keep_only_the_allowlist(html, cleaned):
+    """Text, tables, lists and links to http(s), mailto and anchors; no handler, style, frame or image."""
+    from autograder.safe_html import clean_html
+    assert clean_html(html) == cleaned, f"{html!r} was cleaned to {clean_html(html)!r}, not {cleaned!r}"
