@@ -599,18 +599,14 @@ def _merge(root, ledger, batch, gradebook, progress):
 
 # ---------------------------------------------------------------------------------------- outputs
 def write_outputs(root, students, assignments):
-    """Feedback HTML, grades.csv (nbgrader export), exercises.csv and the distribution plot."""
+    """Feedback HTML, grades.csv (nbgrader export), exercises.csv and the distribution plot. Returns a
+    line for each feedback page that could not be made, for the report."""
     config = class_config(root)
     api = nbgrader_api(config)
     root = pathlib.Path(root)
     (root / "logs").mkdir(parents=True, exist_ok=True)  # no result wrote a log when every notebook failed
     with contextlib.redirect_stdout(None), grading.kernel_stderr_to(root / "logs" / "outputs.log"):
-        for assignment in assignments:
-            for student in students:
-                graded = root / "autograded" / student / assignment / f"{assignment}.ipynb"
-                html = root / "feedback" / student / assignment / f"{assignment}.html"
-                if graded.exists() and (not html.exists() or html.stat().st_mtime < graded.stat().st_mtime):
-                    api.generate_feedback(assignment, student)
+        missing = feedback_pages(api, root, students, assignments)
         from nbgrader.apps import ExportApp
         export = ExportApp(config=config)
         export.initialize(["--to", str(root / "grades.csv")])
@@ -620,6 +616,24 @@ def write_outputs(root, students, assignments):
         out.write("student,assignment,exercise,score,max_score\n")
         out.writelines(f"{s},{a},{e},{v:g},{m:g}\n" for s, a, e, v, m in rows)
     plot_distribution(rows, root / "score_distribution.png")
+    return missing
+
+
+def feedback_pages(api, root, students, assignments):
+    """nbgrader's feedback page for each autograded notebook newer than its page; a line for each that
+    nbgrader could not make (its error is in logs/outputs.log), which would otherwise go unseen."""
+    missing = []
+    for assignment in assignments:
+        for student in students:
+            graded = root / "autograded" / student / assignment / f"{assignment}.ipynb"
+            html = root / "feedback" / student / assignment / f"{assignment}.html"
+            if graded.exists() and (not html.exists() or html.stat().st_mtime < graded.stat().st_mtime):
+                result = api.generate_feedback(assignment, student)
+                if not result.get("success") or not html.exists():
+                    print(result.get("log") or result.get("error") or "", file=sys.stderr)
+                    missing.append(f"{student} {assignment}: no feedback page could be made (see logs/outputs.log); "
+                                   "the grade stands")
+    return missing
 
 
 def exercise_scores(root, assignments):
@@ -772,8 +786,8 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
     grading_seconds = time.perf_counter() - grade_start
 
     graded = sorted({i.assignment for i in items})
-    write_outputs(root, students, graded)
-    report = table(ledger, students, graded) + "".join(f"\n  {line}" for line in strays)
+    missing_feedback = write_outputs(root, students, graded)
+    report = table(ledger, students, graded) + "".join(f"\n  {line}" for line in strays + missing_feedback)
     (root / "report.txt").write_text(report + "\n")
     notebooks = len(pending)
     workers = getattr(engine, "workers", 1)

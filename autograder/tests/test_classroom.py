@@ -512,3 +512,26 @@ def test_the_projection_counts_each_cost_once():
     slow_client = benchmark.projection(times, 1.1, 1.2, merge_seconds=1.0, longest_seconds=60, students=1000,
                                        notebooks=11, cores=100)
     assert slow_client["bound_by"] == "the client's merges" and slow_client["hours"] == round(11_000 / 3600, 2), slow_client
+
+
+def test_a_feedback_page_nbgrader_cannot_make_is_named_for_the_report(tmp_path, capsys):
+    """nbgrader's generate_feedback returns its failure rather than raising it: a hand-in whose page
+    cannot be made (malformed widget state in its metadata did that, before safe_html.py) got none,
+    and nothing said so. Now the report names it, and the grade stands."""
+    assignment = "04_self_attention"
+    for student in ("ann", "bob"):
+        graded = tmp_path / "autograded" / student / assignment / f"{assignment}.ipynb"
+        graded.parent.mkdir(parents=True)
+        graded.write_text("{}")
+
+    class NbgraderAPI:
+        def generate_feedback(self, assignment, student):
+            if student == "bob":
+                return {"success": False, "error": "", "log": "KeyError: 'state'"}
+            page = tmp_path / "feedback" / student / assignment / f"{assignment}.html"
+            page.parent.mkdir(parents=True)
+            page.write_text("<html></html>")
+            return {"success": True, "error": "", "log": ""}
+    missing = classroom.feedback_pages(NbgraderAPI(), tmp_path, ["ann", "bob"], [assignment])
+    assert missing == [f"bob {assignment}: no feedback page could be made (see logs/outputs.log); the grade stands"], missing
+    assert "KeyError: 'state'" in capsys.readouterr().err, "nbgrader's log of the failure should go to the outputs' log"
