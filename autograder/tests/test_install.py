@@ -55,10 +55,10 @@ def test_a_setting_uv_would_not_be_told_sends_the_install_to_pip():
         "a setting that changes what is installed must not be dropped on the way to uv"
 
 
-@pytest.mark.parametrize("uv_exit", [None, 1, 0])
-def test_pip_installs_when_uv_is_missing_or_fails(monkeypatch, tmp_path, uv_exit):
-    """None: no uv next to Python; 1: uv ran and failed; 0: uv installed (pip is not run)."""
-    if uv_exit is not None:
+def install_with(monkeypatch, tmp_path, answer, uv):
+    """Run install_pins.main with Python in tmp_path (and a uv beside it when `uv`), every command it
+    runs answered by `answer(command)` instead of run; returns the commands, in order."""
+    if uv:
         (tmp_path / "uv").write_text("#!/bin/sh\n")
         (tmp_path / "uv").chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
@@ -66,12 +66,20 @@ def test_pip_installs_when_uv_is_missing_or_fails(monkeypatch, tmp_path, uv_exit
 
     def run(command, **kwargs):
         commands.append(command)
+        return answer(command)
+    monkeypatch.setattr(install_pins.subprocess, "run", run)
+    install_pins.main("requirements.txt")
+    return commands
+
+
+@pytest.mark.parametrize("uv_exit", [None, 1, 0])
+def test_pip_installs_when_uv_is_missing_or_fails(monkeypatch, tmp_path, uv_exit):
+    """None: no uv next to Python; 1: uv ran and failed; 0: uv installed (pip is not run)."""
+    def answer(command):
         if command[1:4] == ["-m", "pip", "config"]:
             return subprocess.CompletedProcess(command, 0, stdout=CONFIG_LIST)
         return subprocess.CompletedProcess(command, uv_exit if command[0].endswith("uv") else 0)
-
-    monkeypatch.setattr(install_pins.subprocess, "run", run)
-    install_pins.main("requirements.txt")
+    commands = install_with(monkeypatch, tmp_path, answer, uv=uv_exit is not None)
     used = [command[0] if command[0].endswith("uv") else " ".join(command[1:4]) for command in commands]
     expected = {None: ["-m pip install", "-m compileall -q"],
                 1: ["-m pip config", str(tmp_path / "uv"), "-m pip install", "-m compileall -q"],
@@ -80,18 +88,10 @@ def test_pip_installs_when_uv_is_missing_or_fails(monkeypatch, tmp_path, uv_exit
 
 
 def test_pip_installs_when_pip_cannot_say_its_settings(monkeypatch, tmp_path, capsys):
-    (tmp_path / "uv").write_text("#!/bin/sh\n")
-    (tmp_path / "uv").chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    commands = []
-
-    def run(command, **kwargs):
-        commands.append(command)
+    def answer(command):
         failed = command[1:4] == ["-m", "pip", "config"]
         return subprocess.CompletedProcess(command, 1 if failed else 0, stdout="", stderr="broken pip.conf")
-
-    monkeypatch.setattr(install_pins.subprocess, "run", run)
-    install_pins.main("requirements.txt")
+    commands = install_with(monkeypatch, tmp_path, answer, uv=True)
     assert not any(command[0].endswith("uv") for command in commands), "uv ran without pip's settings"
     assert any(command[1:4] == ["-m", "pip", "install"] for command in commands), "nothing installed the pins"
     assert "broken pip.conf" in capsys.readouterr().out, "the reason for falling back to pip is not said"
