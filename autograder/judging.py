@@ -17,11 +17,13 @@ While `GuardedExecute` (autograder/execute.py) runs a notebook:
    reference, and forged messages, are also flagged for review.
 """
 import ast
+import functools
 import hashlib
 import hmac
 import importlib
 import os
 import secrets
+import sys
 import threading
 
 from nbformat.v4 import new_output
@@ -60,9 +62,31 @@ def hidden_check_ref(source):
     return None
 
 
+_PARSE_LOCK = threading.RLock()
+
+
+def parse_one_at_a_time():
+    """Make every `ast.parse` in this process (`ast.literal_eval` and `inspect.signature` go through it) take
+    one lock. Python 3.11 builds the tree's objects in interpreter-wide state: two threads parsing at once can
+    fail with "SystemError: AST constructor recursion depth mismatch", which once failed a correct hand-in
+    (its grader's main thread parsed a cell while the loader below imported matplotlib). 3.12 keeps that count
+    per call; autograder/tests/test_judging.py shows the failure and its cure."""
+    if sys.version_info >= (3, 12) or getattr(ast.parse, "one_at_a_time", False):
+        return
+    parse = ast.parse
+
+    @functools.wraps(parse)
+    def locked_parse(*args, **kwargs):
+        with _PARSE_LOCK:
+            return parse(*args, **kwargs)
+    locked_parse.one_at_a_time = True
+    ast.parse = locked_parse
+
+
 def load_checks_in_background(refs):
     """Import the check modules and their judges (and torch with them) in a thread; join it before judging."""
     from autograder.checks.common import judges_module
+    parse_one_at_a_time()
     probes = sorted({ref.partition(":")[0] for ref in refs})
     modules = [name for module in probes for name in (module, judges_module(module))]
 

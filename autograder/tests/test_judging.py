@@ -261,3 +261,48 @@ def test_the_run_key_never_reaches_the_kernel(sandbox_mode, monkeypatch):
     autograded, _, errors = autograde(demo.with_cell(student_notebook(A04), looks), A04, sandbox_mode=sandbox_mode)
     printed = [o.get("text", "") for c in autograded.cells if c.get("id") == "student-extra-cell" for o in c.outputs]
     assert printed == ["no key\n"], printed
+
+
+# Two threads of the grader parse Python at once: the loader of the hidden checks (importing matplotlib,
+# whose settings go through `ast.literal_eval`, and `inspect.signature`) and the main thread reading the
+# notebook's cells. A garbage collection in the middle of a parse lets the other thread in: this makes one
+# happen at every chance, and starts both parses together, twenty times.
+PARSE_IN_TWO_THREADS = """\
+import ast, gc, sys, threading, time
+from autograder import judging
+if sys.argv[1] == "locked":
+    judging.load_checks_in_background([]).join()  # what the grader does before its loader thread starts
+source = "\\n".join(f"def f{i}(a, b):\\n    return [x + {i} for x in (a, b) if x]\\n" for i in range(50))
+gc.set_threshold(50, 1, 1)
+gc.callbacks.append(lambda phase, info: time.sleep(0))
+errors = []
+def parse(together):
+    together.wait()
+    try:
+        ast.parse(source)
+    except SystemError as error:
+        errors.append(str(error))
+for _ in range(20):
+    together = threading.Barrier(2)
+    threads = [threading.Thread(target=parse, args=(together,)) for _ in range(2)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+print(len(errors), errors[:1])
+"""
+
+
+@pytest.mark.parametrize("parsing", ["unlocked", "locked"])
+def test_the_graders_threads_parse_one_at_a_time(parsing):
+    import subprocess
+    import sys
+    if parsing == "unlocked" and sys.version_info >= (3, 12):
+        pytest.skip("Python 3.12 keeps the parser's depth per call: nothing to show")
+    run = subprocess.run([sys.executable, "-c", PARSE_IN_TWO_THREADS, parsing], capture_output=True, text=True,
+                         timeout=120, check=True)
+    failures = int(run.stdout.split()[0])
+    if parsing == "unlocked":
+        assert failures > 0, ("the control should show Python 3.11's race (two threads parsing at once fail with "
+                              f"SystemError), or the locked case below proves nothing: {run.stdout}")
+    else:
+        assert failures == 0, ("once the grader's loader thread has started (judging.parse_one_at_a_time), two threads still broke each other's parse, "
+                               f"which fails a correct hand-in with a SystemError: {run.stdout}")
