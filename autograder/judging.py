@@ -69,8 +69,8 @@ def parse_one_at_a_time():
     """Make every `ast.parse` in this process (`ast.literal_eval` and `inspect.signature` go through it) take
     one lock. Python 3.11 builds the tree's objects in interpreter-wide state: two threads parsing at once can
     fail with "SystemError: AST constructor recursion depth mismatch", which once failed a correct hand-in
-    (its grader's main thread parsed a cell while the loader below imported matplotlib). 3.12 keeps that count
-    per call; autograder/tests/test_judging.py shows the failure and its cure."""
+    (its grader's main thread parsed a cell while the loader below imported matplotlib). 3.12.1 and 3.13.0 do not
+    fail so (checked); autograder/tests/test_judging.py shows the failure and its cure."""
     if sys.version_info >= (3, 12) or getattr(ast.parse, "one_at_a_time", False):
         return
     parse = ast.parse

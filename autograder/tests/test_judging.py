@@ -8,6 +8,9 @@ The visible tests run in the kernel and can be disarmed (`DISARM_VISIBLE_TESTS`)
 findings zero a notebook on their own; so the attacks on the judges are also graded with the guard's
 verdict switched off (`judges_only`): the judges alone must stop them.
 """
+import subprocess
+import sys
+
 import nbformat
 import pytest
 
@@ -293,10 +296,8 @@ print(len(errors), errors[:1])
 
 @pytest.mark.parametrize("parsing", ["unlocked", "locked"])
 def test_the_graders_threads_parse_one_at_a_time(parsing):
-    import subprocess
-    import sys
     if parsing == "unlocked" and sys.version_info >= (3, 12):
-        pytest.skip("Python 3.12 keeps the parser's depth per call: nothing to show")
+        pytest.skip("Python 3.12 does not fail two parses at once: nothing to show")
     run = subprocess.run([sys.executable, "-c", PARSE_IN_TWO_THREADS, parsing], capture_output=True, text=True,
                          timeout=120, check=True)
     failures = int(run.stdout.split()[0])
@@ -304,5 +305,6 @@ def test_the_graders_threads_parse_one_at_a_time(parsing):
         assert failures > 0, ("the control should show Python 3.11's race (two threads parsing at once fail with "
                               f"SystemError), or the locked case below proves nothing: {run.stdout}")
     else:
-        assert failures == 0, ("once the grader's loader thread has started (judging.parse_one_at_a_time), two threads still broke each other's parse, "
-                               f"which fails a correct hand-in with a SystemError: {run.stdout}")
+        assert failures == 0, ("once the grader's loader thread has started (judging.parse_one_at_a_time), two "
+                               "threads still broke each other's parse, which fails a correct hand-in with a "
+                               f"SystemError: {run.stdout}")
