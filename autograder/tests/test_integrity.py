@@ -196,6 +196,29 @@ def test_correct_answers_are_not_taken(name, code):
     assert taken_of([("answer cell 'softmax_answer'", code)]) == [], name
 
 
+def test_the_complete_oracle_lists_read_each_check_module_once(monkeypatch):
+    """The grader asks every test cell's check for its complete list of oracles before the kernel starts.
+    Read once per check, gpt.py (1,440 lines) cost 09's grader 1.8 s of parsing per notebook's first
+    grading; read once per module, the lists must be the same."""
+    import ast
+
+    from autograder.checks import common, gpt
+    checks = [value for value in vars(gpt).values() if isinstance(value, common.Check)]
+    parses = []
+    parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *args, **kwargs: parses.append(1) or parse(*args, **kwargs))
+    common._definitions.cache_clear()
+    common.Check._forbidden_sources.cache_clear()
+    lists = {check.name: check.forbidden_names(complete=True) for check in checks}
+    assert len(checks) > 30 and sum(map(bool, lists.values())) > 5, "the check module's oracle lists were not read"
+    assert len(parses) == 1, f"{len(checks)} checks parsed their module {len(parses)} times: once is enough"
+    monkeypatch.setattr(common, "_definitions", common._definitions.__wrapped__)  # a fresh parse per check
+    common.Check._forbidden_sources.cache_clear()
+    assert {check.name: check.forbidden_names(complete=True) for check in checks} == lists, \
+        "one parse per module changed a check's oracle list"
+    common.Check._forbidden_sources.cache_clear()
+
+
 # ------------------------------------------------------------------------------- the whole path, on 04
 # Hidden from the kernel's watch: the oracle runs in a thread started before the test, so the watch
 # (which follows the calling thread) sees nothing; only the source tells.
