@@ -289,6 +289,13 @@ def reward_problem(g, n=12, scale=1.0, dtype=torch.float32, mirrored=False):
     chosen, chosen_mask = episodes(g, n, 3, 6, RM_VOCAB)
     rejected, rejected_mask = episodes(g, n, 3, 6, RM_VOCAB)
     rejected[1], rejected_mask[1] = chosen[1], chosen_mask[1]      # one tie: identical replies
+    # No other tie: a reply that reorders its rival's tokens has the same bag, a margin of exactly 0 that float32
+    # sums in another order to ±1e-5, and its pair would count as won or not by rounding (1 key in 400 did).
+    same_bag = (counts(chosen, chosen_mask) == counts(rejected, rejected_mask)).all(dim=1)
+    for row in same_bag.nonzero().flatten().tolist():
+        if row != 1:
+            first = int(rejected_mask[row].nonzero()[0])           # the reply's first token: another one
+            rejected[row, first] = (rejected[row, first] + 1) % RM_VOCAB
     if mirrored:
         half = n // 2
         chosen[half:], chosen_mask[half:] = rejected[:half].clone(), rejected_mask[:half].clone()

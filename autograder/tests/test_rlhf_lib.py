@@ -237,6 +237,27 @@ def test_bag_of_words_reward_adds_the_masked_tokens_rewards():
     assert model(ids, mask).tolist() == [1.0, 1.0]
 
 
+def test_the_hidden_reward_step_problems_have_no_tie_but_the_one_they_mean():
+    """The hidden tests of reward_model_step count a pair as won when r_chosen > r_rejected. A reply that reorders
+    its rival's tokens ties it exactly, and the course's float32 model sums the two in another order: its margin
+    came out 7.6e-6 under key sweep-292, and a correct answer lost the test (1 key in 400). Only the tie the
+    problem means (identical replies, and its mirror) may remain, and the float32 wins must be the float64 ones."""
+    from autograder.checks import common
+    from autograder.checks import rlhf as hidden
+    for key in ["sweep-292", *(f"key-{n}" for n in range(300))]:
+        seeds = common.Seeds(key)
+        for (weights, (chosen, chosen_mask, rejected, rejected_mask), _), meant in (
+                (hidden.reward_problem(seeds.generator(400)), [1]), (hidden._large_margin_problem(seeds), [1, 6])):
+            difference = hidden.counts(chosen, chosen_mask) - hidden.counts(rejected, rejected_mask)
+            ties = (difference == 0).all(dim=1).nonzero().flatten().tolist()
+            assert ties == meant, f"{key}: pairs {ties} tie, where only {meant} should"
+            model = rlhf.BagOfWordsReward(hidden.RM_VOCAB)
+            with torch.no_grad():
+                model.token_reward.copy_(weights)
+            won = model(chosen, chosen_mask) - model(rejected, rejected_mask) > 0
+            assert torch.equal(won, difference @ weights.double() > 0), f"{key}: float32 rounding decides a pair"
+
+
 def test_frozen_copy_is_independent_in_eval_mode_and_without_gradients():
     model = tiny_gpt().train()
     frozen = rlhf.frozen_copy(model)
