@@ -1,8 +1,9 @@
 """courselib.rlhf, notebook 11's task and data: prompts cut from the course's stories at their turn and wrapped
 in the chat template, SFT demonstrations, the annotators' hidden taste in sync with the corpus's templates,
 episodes sampled from the GPT and masked to the reply up to its <|endoftext|>, preference pairs, the
-bag-of-words reward model, the frozen reference, and the reference versions of the exercises against
-independent oracles (transformers' causal-LM loss, torch.distributions, loops)."""
+bag-of-words reward model (and the hidden reward-step problems built on it), the frozen reference, and the
+reference versions of the exercises against independent oracles (transformers' causal-LM loss,
+torch.distributions, loops)."""
 import collections
 import math
 
