@@ -27,10 +27,10 @@ template:
   that then stops −2. `collect_preferences` asks them to compare two replies with Bradley–Terry noise.
 - **The reward model** `BagOfWordsReward` learns one number per token and adds them up over the reply.
 
-Reference versions of exercises live here too (`sequence_log_probs`, `sequence_kl`, `rloo_advantages`,
-`ppo_clip_loss`), as the course keeps reference versions of the pieces learners build: the hidden tests
-hand them to later exercises so that each exercise is graded on its own. `token_log_probs` gives the
-per-token log-probabilities that PPO and GRPO work with.
+`token_log_probs` gives the per-token log-probabilities that PPO and GRPO work with, `hidden_states` a GPT's
+last hidden states (for a reward model on its backbone). The RL, DPO and best-of-n runs of the notebook's
+comparison, over seeds (`Comparison`), take the learner's own functions as arguments. The course's reference
+answers to the exercises are in `courselib.rlhf_reference`, which notebook 11's grading kernel cannot import.
 """
 import copy
 import dataclasses
@@ -263,18 +263,7 @@ def frozen_copy(model):
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
-# --------------------------------------------------------------- reference versions of the exercises
-def sequence_log_probs(logits, input_ids, mask=None):
-    """Σ_t mask[:, t] log p(input_ids[:, t] | input_ids[:, <t]) with the causal-LM convention: the logits
-    at position t score the token at t + 1. logits (B, T, V) = model(input_ids); input_ids, mask (B, T),
-    mask True on the tokens that count (mask[:, 0] is ignored: nothing predicts the first token). (B,)."""
-    log_probs = torch.log_softmax(logits[:, :-1], dim=-1)                           # (B, T - 1, V)
-    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)       # (B, T - 1)
-    if mask is not None:
-        picked = picked.masked_fill(~mask[:, 1:], 0.0)
-    return picked.sum(dim=-1)
-
-
+# ------------------------------------------------------------------------------ what the cells compute with
 def token_log_probs(logits, input_ids):
     """(B, T): entry t is log p(input_ids[:, t] | input_ids[:, <t]) from logits[:, t - 1] (causal convention), aligned
     with input_ids; entry 0 is 0 (nothing predicts the first token). logits (B, T, V) = model(input_ids)."""
@@ -282,30 +271,275 @@ def token_log_probs(logits, input_ids):
     return F.pad(picked, (1, 0))                                                    # (B, T)
 
 
-def sequence_kl(policy_logits, reference_logits, mask):
-    """Σ_t mask[:, t] KL(π(· | x_<t) || π_ref(· | x_<t)): the exact KL of each token's next-token
-    distributions, summed over the reply. Logits (B, T, V) at the same input ids, causal convention. (B,)."""
-    log_p = torch.log_softmax(policy_logits[:, :-1], dim=-1)
-    log_q = torch.log_softmax(reference_logits[:, :-1], dim=-1)
-    per_position = (log_p.exp() * (log_p - log_q)).sum(dim=-1)                     # (B, T - 1)
-    return per_position.masked_fill(~mask[:, 1:], 0.0).sum(dim=-1)
+def hidden_states(model, input_ids):
+    """The final hidden states (B, T, d) of a courselib.gpt.GPT: its forward pass without the vocabulary head
+    (`model.lm_head(hidden_states(model, ids))` is `model(ids)`)."""
+    x = model.token_embeddings(input_ids) + model.position_embeddings(input_ids)
+    x = model.dropout(x)
+    for block in model.blocks:
+        x, _ = block(x)
+    return model.final_norm(x)
 
 
-def rloo_advantages(rewards, group_size):
-    """RLOO: each reward minus the mean of the other group_size - 1 rewards of its group. rewards (B,), its
-    groups consecutive rows (row i in group i // group_size). Returns (B,)."""
-    groups = rewards.reshape(-1, group_size)                                        # (B / k, k)
-    others = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
-    return (groups - others).reshape(-1)
+# ------------------------------------------------------------------------------- the runs the notebook compares
+RL_STEPS, PROMPTS_PER_STEP, GROUP_SIZE = 15, 8, 4    # 15 steps of k = 4 replies to each of 8 prompts (32 replies)
+RLOO_LR = 1e-3
+PPO_SETTINGS = dict(lr=3e-4, epochs=4, clip_eps=0.2, target_kl=0.02)
+PPO_UNTUNED = dict(lr=1e-3, epochs=2, clip_eps=0.2, target_kl=float("inf"))   # the notebook's first version
+GRPO_SETTINGS = dict(lr=3e-4, epochs=4, clip_eps=0.2, target_kl=0.02, beta=0.5)
+DPO_SETTINGS = dict(beta=1.0, steps=10, batch_size=16, lr=1e-4)
+BEST_OF = 4                                          # best-of-n's n: as many replies per prompt as RL's groups
+EVAL_SEED = 7
+SEEDS = (0, 1, 2, 3, 4)
+METHODS = ("SFT (reference)", f"best-of-{BEST_OF}", "RLOO, β = 1", "PPO, β = 1", f"GRPO, β = {GRPO_SETTINGS['beta']:g}",
+           "DPO, β = 1", "RLOO, β = 0", "PPO untuned, β = 1")
 
 
-def ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps=0.2):
-    """PPO's clipped surrogate, as a loss: -mean over the counted tokens of min(ρ A, clip(ρ, 1 - ε, 1 + ε) A),
-    ρ = exp(log_probs - old_log_probs) per token. log_probs, old_log_probs, mask (B, T); advantages (B,)."""
-    ratio = torch.exp(log_probs - old_log_probs)                                    # (B, T)
-    advantage = advantages[:, None]
-    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
-    return -(surrogate * mask).sum() / mask.sum()
+@dataclasses.dataclass
+class Setup:
+    """What every run of the comparison shares: the frozen SFT model, the reward model, the prompts, the pairs."""
+    reference: nn.Module
+    reward_model: nn.Module
+    tokenizer: object
+    train_prompts: Prompts
+    eval_prompts: Prompts
+    pairs: "PreferencePairs"
+
+
+def build_setup(model, tokenizer, sft_steps=30, reward_steps=100, eval_prompts=96):
+    """The notebook's setup built with the course's recipe (for the suite's seed comparison): SFT of `model` on the
+    demonstrations (Adam 1e-3, `sft_steps` batches of 32), the preference pairs of its replies, the bag-of-words
+    reward model (`reward_steps` full-batch SGD steps at 1.0). Uses the course's reference answers."""
+    from courselib import rlhf_reference as answers
+    train_prompts, test_prompts = chat_prompts(tokenizer, 256, seed=1), chat_prompts(tokenizer, 128, seed=2)
+    evaluation, demonstration_prompts = chat_prompts(tokenizer, eval_prompts, seed=3), chat_prompts(tokenizer, 256, seed=4)
+    ids, lengths = demonstrations(tokenizer, demonstration_prompts)
+    tuned = copy.deepcopy(model).train()
+    optimizer = torch.optim.Adam(tuned.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(sft_steps):
+        rows = torch.randint(len(ids), (32,), generator=generator)
+        loss = answers.sft_loss(tuned(ids[rows]), ids[rows], demonstration_prompts.ids.shape[1], lengths[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    reference = frozen_copy(tuned.eval())
+    generator = torch.Generator().manual_seed(0)
+    pairs, _ = collect_preferences(reference, tokenizer, train_prompts, generator)
+    reward_model = BagOfWordsReward(len(tokenizer))
+    optimizer = torch.optim.SGD(reward_model.parameters(), lr=1.0)
+    for _ in range(reward_steps):
+        answers.reward_model_step(reward_model, optimizer, pairs.chosen, pairs.chosen_mask, pairs.rejected,
+                                  pairs.rejected_mask)
+    return Setup(reference, reward_model, tokenizer, train_prompts, evaluation, pairs)
+
+
+def new_policy(reference):
+    """A trainable copy of the reference (RL and DPO start from the SFT model's weights)."""
+    return copy.deepcopy(reference).train().requires_grad_(True)
+
+
+def train_rl(setup, policy, update, beta, steps=RL_STEPS, lr=RLOO_LR, seed=0, live_plot=None, desc=None):
+    """`steps` RL steps: sample GROUP_SIZE replies to each of PROMPTS_PER_STEP training prompts from the policy,
+    score them with the reward model, and call update(policy, reference, optimizer, ids, mask, rewards, beta,
+    group_size), which returns (penalised rewards, log π(y) - log π_ref(y)[, epochs taken]). Adam. Returns the
+    history: per step the mean learned reward, the mean k1 KL estimate, the mean true score (and the epochs)."""
+    from courselib.training import progress
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    history = {"reward": [], "KL": [], "true score": [], "epochs": []}
+    for step in progress(range(steps), desc=desc or f"{getattr(update, '__name__', 'update')} β={beta:g}", leave=False):
+        batch = setup.train_prompts[torch.randint(len(setup.train_prompts), (PROMPTS_PER_STEP,), generator=generator)]
+        prompt_ids = batch.ids.repeat_interleave(GROUP_SIZE, dim=0)          # each prompt k times, consecutive rows
+        kinds = [kind for kind in batch.kinds for _ in range(GROUP_SIZE)]
+        ids, mask = sample_episodes(policy, prompt_ids, generator)          # the actions
+        with torch.no_grad():
+            rewards = setup.reward_model(ids, mask)
+        returned = update(policy, setup.reference, optimizer, ids, mask, rewards, beta, GROUP_SIZE)
+        history["reward"].append(rewards.mean().item())
+        history["KL"].append(returned[1].mean().item())                     # k1 on this batch
+        history["true score"].append(true_scores(setup.tokenizer, ids, mask, kinds).mean().item())
+        if len(returned) > 2:
+            history["epochs"].append(returned[2])
+        if live_plot is not None:
+            live_plot.update(step, history["reward"][-1])
+    policy.eval()
+    return history
+
+
+def summary_of(setup, ids, mask, kl, prompts=None):
+    """The measures of the comparison for replies (ids, mask) to the evaluation prompts with their KL (N,)."""
+    prompts = prompts or setup.eval_prompts
+    with torch.no_grad():
+        reward = setup.reward_model(ids, mask)
+    scores = true_scores(setup.tokenizer, ids, mask, prompts.kinds)
+    texts = replies(setup.tokenizer, ids, mask)
+    return {"reward": reward.mean().item(), "true score": scores.mean().item(), "KL": float(kl.mean()),
+            "good": (scores == GOOD).float().mean().item(), "bad": (scores == BAD).float().mean().item(),
+            "broken": (scores == BROKEN).float().mean().item(), "distinct replies": len(set(texts)), "replies": texts}
+
+
+def evaluate(setup, policy, sequence_kl, seed=EVAL_SEED):
+    """The policy's replies to the evaluation prompts: learned reward, true score and its verdicts, the per-token
+    KL to the reference summed along each reply (`sequence_kl`, the learner's), distinct replies."""
+    ids, mask = sample_episodes(policy, setup.eval_prompts.ids, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        kl = sequence_kl(policy(ids), setup.reference(ids), mask)
+    return summary_of(setup, ids, mask, kl)
+
+
+def best_of_n_kl_bound(n):
+    """log n - (n - 1) / n: the KL of best-of-n sampling from the reference is at most this (equal to it when
+    no two candidates tie; Stiennon et al. 2020, Beirami et al. 2024)."""
+    import math
+    return math.log(n) - (n - 1) / n
+
+
+def evaluate_best_of_n(setup, best_of_n, n=BEST_OF, seed=EVAL_SEED):
+    """n replies of the reference to each evaluation prompt, the reward model's favourite kept (`best_of_n`, the
+    learner's). Its KL column is the bound log n - (n - 1) / n."""
+    prompt_ids = setup.eval_prompts.ids.repeat_interleave(n, dim=0)
+    ids, mask = sample_episodes(setup.reference, prompt_ids, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        rewards = setup.reward_model(ids, mask)
+    best_ids, best_mask = best_of_n(ids, mask, rewards, n)
+    return summary_of(setup, best_ids, best_mask, torch.tensor([best_of_n_kl_bound(n)]))
+
+
+def ppo_step(policy, reference, optimizer, input_ids, mask, rewards, beta, group_size, *, ppo_epochs, rloo_advantages,
+             ppo_clip_loss, epochs, clip_eps, target_kl):
+    """PPO as the notebook runs it: the KL penalty in the reward (k1 of each reply), RLOO's advantages, then the
+    learner's `ppo_epochs` loop with their `ppo_clip_loss`. Returns (penalised rewards, k1, epochs taken)."""
+    with torch.no_grad():
+        old = token_log_probs(policy(input_ids), input_ids)                  # π_old: it sampled the batch
+        log_ratio = ((old - token_log_probs(reference(input_ids), input_ids)) * mask).sum(dim=1)   # k1 of each reply
+        penalized = rewards - beta * log_ratio
+        advantages = rloo_advantages(penalized, group_size)
+    taken = ppo_epochs(policy, optimizer, input_ids, mask,
+                       lambda log_probs, old_log_probs: ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps),
+                       epochs, target_kl)
+    return penalized, log_ratio, taken
+
+
+def grpo_step(policy, reference, optimizer, input_ids, mask, rewards, beta, group_size, *, ppo_epochs, grpo_loss,
+              epochs, clip_eps, target_kl):
+    """GRPO as the notebook runs it: the learner's `ppo_epochs` loop with their `grpo_loss` on the raw rewards
+    (the KL in the loss). Returns (rewards, k1 of each reply, epochs taken)."""
+    with torch.no_grad():
+        reference_log_probs = token_log_probs(reference(input_ids), input_ids)
+        log_ratio = ((token_log_probs(policy(input_ids), input_ids) - reference_log_probs) * mask).sum(dim=1)
+    taken = ppo_epochs(policy, optimizer, input_ids, mask,
+                       lambda log_probs, old_log_probs: grpo_loss(log_probs, old_log_probs, reference_log_probs, rewards,
+                                                                   mask, group_size, clip_eps, beta),
+                       epochs, target_kl)
+    return rewards, log_ratio, taken
+
+
+def train_dpo(setup, policy, dpo_loss, beta, steps, batch_size, lr, seed=0, live_plot=None):
+    """DPO on the preference pairs: `steps` Adam steps of the learner's `dpo_loss` on `batch_size` different pairs."""
+    from courselib.training import progress
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    for step in progress(range(steps), desc=f"DPO β={beta:g}", leave=False):
+        batch = setup.pairs[torch.randperm(len(setup.pairs), generator=generator)[:batch_size]]
+        loss, _, _ = dpo_loss(policy, setup.reference, batch.chosen, batch.chosen_mask, batch.rejected,
+                              batch.rejected_mask, beta)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if live_plot is not None:
+            live_plot.update(step, loss.item())
+    policy.eval()
+    return policy
+
+
+class Comparison:
+    """The notebook's methods, each run from the SFT model with the learner's own functions (`pieces`: a dict of
+    the notebook's names, sequence_kl, reinforce_step, rloo_advantages, ppo_clip_loss, ppo_epochs, grpo_loss,
+    dpo_loss, best_of_n), under one training seed: `run(name, seed)` returns `evaluate`'s measures."""
+
+    def __init__(self, setup, pieces):
+        self.setup, self.pieces = setup, pieces
+
+    def update(self, name):
+        """The update function `train_rl` calls for an RL method (with its settings)."""
+        import functools
+        p = self.pieces
+        if name.startswith("RLOO"):
+            return p["reinforce_step"]
+        if name.startswith("PPO"):
+            chosen = PPO_UNTUNED if name.startswith("PPO untuned") else PPO_SETTINGS
+            settings = {k: v for k, v in chosen.items() if k != "lr"}
+            update = functools.partial(ppo_step, ppo_epochs=p["ppo_epochs"], rloo_advantages=p["rloo_advantages"],
+                                       ppo_clip_loss=p["ppo_clip_loss"], **settings)
+        else:
+            settings = {k: v for k, v in GRPO_SETTINGS.items() if k not in ("lr", "beta")}
+            update = functools.partial(grpo_step, ppo_epochs=p["ppo_epochs"], grpo_loss=p["grpo_loss"], **settings)
+        update.__name__ = name.split(",")[0].split()[0].lower() + "_step"
+        return update
+
+    @staticmethod
+    def beta(name):
+        return float(name.rpartition("= ")[2])
+
+    def train(self, name, seed=0, steps=RL_STEPS, live_plot=None):
+        """A policy trained by method `name` (not SFT or best-of-n) with training seed `seed`, and its history."""
+        policy = new_policy(self.setup.reference)
+        if name.startswith("DPO"):
+            settings = dict(DPO_SETTINGS)
+            settings["beta"] = self.beta(name)
+            return train_dpo(self.setup, policy, self.pieces["dpo_loss"], seed=seed, live_plot=live_plot,
+                             **settings), None
+        lr = {"PPO": PPO_SETTINGS["lr"], "PPO untuned": PPO_UNTUNED["lr"],
+              "GRPO": GRPO_SETTINGS["lr"]}.get(name.split(",")[0], RLOO_LR)
+        history = train_rl(self.setup, policy, self.update(name), self.beta(name), steps=steps, lr=lr, seed=seed,
+                           live_plot=live_plot, desc=f"{name}, seed {seed}")
+        return policy, history
+
+    def run(self, name, seed=0, steps=RL_STEPS):
+        """`evaluate`'s measures of method `name` trained with seed `seed`."""
+        if name.startswith("SFT"):
+            return evaluate(self.setup, self.setup.reference, self.pieces["sequence_kl"])
+        if name.startswith("best-of-"):
+            # its seed is the sampling's: the evaluation seed for seed 0, another for each other seed
+            return evaluate_best_of_n(self.setup, self.pieces["best_of_n"], int(name.partition("-")[2].split()[0]),
+                                      seed=EVAL_SEED + 1000 * seed)
+        policy, _ = self.train(name, seed, steps)
+        return evaluate(self.setup, policy, self.pieces["sequence_kl"])
+
+    def sweep(self, seeds=SEEDS, methods=METHODS, done=None, steps=RL_STEPS):
+        """{method: [measures under each seed]}; `done` {(method, seed): measures} are reused, not rerun."""
+        done = done or {}
+        return {name: [done[name, seed] if (name, seed) in done else self.run(name, seed, steps) for seed in seeds]
+                for name in methods}
+
+
+MEASURES = ("reward", "true score", "KL", "broken")
+
+
+def spread(values):
+    """(mean, standard deviation over the seeds, smallest, largest)."""
+    values = torch.tensor(values, dtype=torch.float64)
+    return (values.mean().item(), values.std().item() if len(values) > 1 else 0.0, values.min().item(),
+            values.max().item())
+
+
+def sweep_table(results):
+    """The sweep's table: mean ± standard deviation over the seeds, and the range, of each method's measures."""
+    seeds = len(next(iter(results.values())))
+    lines = [f"{'':<16}" + "".join(f"{m:>26}" for m in ("learned reward", "true score", "KL (nats)", "broken replies")),
+             f"{'':<16}" + f"{f'mean ± std over {seeds} seeds [smallest, largest]':>104}"]
+    for name, runs in results.items():
+        cells = []
+        for measure in MEASURES:
+            mean, std, low, high = spread([run[measure] for run in runs])
+            if measure == "broken":
+                cells.append(f"{mean:5.0%} ± {std:4.0%} [{low:4.0%}, {high:4.0%}]")
+            else:
+                prefix = "≤" if name.startswith("best-of-") and measure == "KL" else " "
+                cells.append(f"{prefix}{mean:5.2f} ± {std:4.2f} [{low:5.2f}, {high:5.2f}]")
+        lines.append(f"{name:<16}" + "".join(f"{c:>26}" for c in cells))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------- pictures

@@ -9,11 +9,14 @@ built) runs inside the call too (`_Closure`). The judge (autograder/judges/rlhf.
 it rebuilds the same inputs from the same seeds and compares with independent oracles (transformers'
 `ForCausalLMLoss`, `torch.distributions`, float64 autograd on hand-written losses and loops).
 
-Every exercise is graded on its own: `reinforce_step`, `grpo_loss` and `dpo_loss` get the course's
-reference `sequence_log_probs`, `rloo_advantages` and `ppo_clip_loss` (`courselib.rlhf`) in place of the
-student's. Every check forbids the course's reference versions (`COURSE_REFERENCES`) and its exercise's
-library oracles; a reference handed over as a helper is trusted where the student's code calls it by
-that name. Stochastic checks state their false-failure rate in a comment.
+Every exercise is graded on its own: `reinforce_step`, `grpo_loss`, `dpo_loss` and `ppo_epochs` get this module's
+reference helpers (`reference_sequence_log_probs`, `reference_rloo_advantages`, `reference_ppo_clip_loss`) in
+place of the student's. The course's reference answers live in `courselib.rlhf_reference`, which nothing
+here imports and notebook 11's sandbox hides: the watch never resolves it (`_watched`), and the grader
+refuses any answer that names it (it is on every list). Every check forbids the per-token log-probabilities the
+notebook's cells use (`courselib.rlhf.token_log_probs`) where they would answer the exercise, this module's
+helpers, and its exercise's library oracles; a helper handed over is trusted where the student's code calls it
+by that name. Stochastic checks state their false-failure rate in a comment.
 """
 import copy
 import math
@@ -29,25 +32,61 @@ from courselib.gpt import GPT
 
 
 
-# The course's reference versions of the notebook's exercises: no answer may call them (the checks hand some
-# of them over as trusted helpers, so that an exercise is graded on its own).
-COURSE_REFERENCES = [f"courselib.rlhf.{name}" for name in
-                     ("sequence_log_probs", "token_log_probs", "sequence_kl", "rloo_advantages", "ppo_clip_loss")]
+# The course's reference answers: a module the grading kernel never imports (the sandbox hides it). On every list,
+# so that the grader refuses an answer that names it; never handed to the watch (`_watched`), which would import it.
+HIDDEN_REFERENCES = ["courselib.rlhf_reference"]
+# The per-token log-probabilities that the notebook's cells use: Exercise 1 without its sum.
+CELL_LOG_PROBS = ["courselib.rlhf.token_log_probs"]
+# This module's own reference helpers, handed to later exercises so that each is graded on its own.
+HELPER_REFERENCES = [f"{__name__}.{name}" for name in
+                     ("reference_sequence_log_probs", "reference_rloo_advantages", "reference_ppo_clip_loss")]
+COURSE_REFERENCES = [*HIDDEN_REFERENCES, *HELPER_REFERENCES]
 HF_CAUSAL_LM_LOSS = "transformers.loss.loss_utils.ForCausalLMLoss"
 
-SEQUENCE_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *COURSE_REFERENCES]
-SFT_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *COURSE_REFERENCES]
-# No library function computes a Bradley–Terry step, a leave-one-out baseline, a clipped surrogate, GRPO's or
-# DPO's loss or per-token returns: their oracles are written by hand in the judges, and the watch refuses the
-# course's reference versions.
+SEQUENCE_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *CELL_LOG_PROBS, *COURSE_REFERENCES]
+SFT_SHORTCUTS = [HF_CAUSAL_LM_LOSS, *CELL_LOG_PROBS, *COURSE_REFERENCES]
+# No library function computes a Bradley–Terry step, a leave-one-out baseline, a clipped surrogate, PPO's epochs,
+# GRPO's or DPO's loss, a best-of-n choice or per-token returns: their oracles are written by hand in the judges,
+# and the watch refuses the course's references.
 REWARD_SHORTCUTS = COURSE_REFERENCES
+# A reward model's oracle is transformers' GPT-2 (the judge's); the watch refuses it in the student's class.
+TRANSFORMER_REWARD_SHORTCUTS = ["transformers.models.gpt2.modeling_gpt2.GPT2Model",
+                                "transformers.models.gpt2.modeling_gpt2.GPT2ForSequenceClassification",
+                                *COURSE_REFERENCES]
 KL_SHORTCUTS = ["torch.distributions.kl_divergence", "torch.distributions.kl.kl_divergence", *COURSE_REFERENCES]
+BEST_OF_N_SHORTCUTS = COURSE_REFERENCES
 RLOO_SHORTCUTS = COURSE_REFERENCES
 REINFORCE_SHORTCUTS = COURSE_REFERENCES
 PPO_SHORTCUTS = COURSE_REFERENCES
+PPO_EPOCHS_SHORTCUTS = COURSE_REFERENCES
 GRPO_SHORTCUTS = COURSE_REFERENCES
 DPO_SHORTCUTS = COURSE_REFERENCES
 RETURNS_SHORTCUTS = COURSE_REFERENCES
+
+
+def _watched(names):
+    """The names the kernel's watch resolves: all but the hidden module (resolving would import it)."""
+    return [name for name in names if not any(name == hidden or name.startswith(hidden + ".")
+                                              for hidden in HIDDEN_REFERENCES)]
+
+
+# ---------------------------------------------------------------- reference helpers handed to later exercises
+def reference_sequence_log_probs(logits, input_ids, mask=None):
+    """Exercise 1, for the exercises that call it (graded on their own)."""
+    counted = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask
+    return (course.token_log_probs(logits, input_ids) * counted)[:, 1:].sum(dim=1)
+
+
+def reference_rloo_advantages(rewards, group_size):
+    groups = rewards.reshape(-1, group_size)
+    return (groups - (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)).reshape(-1)
+
+
+def reference_ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps=0.2):
+    ratio = (log_probs - old_log_probs).exp()
+    advantage = advantages.unsqueeze(1)
+    smaller = torch.min(ratio * advantage, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    return -smaller[mask].sum() / mask.sum()
 
 
 ADVICE = "the exercise asks you to write this yourself"
@@ -161,7 +200,7 @@ def flat_parameters(model):
 def _sequence_log_probs(fn, logits, ids, mask=None):
     args = (logits, ids) if mask is None else (logits, ids, mask)
     before = [a.detach().clone() for a in args]
-    result = call(fn, *args, name="sequence_log_probs", forbidden=SEQUENCE_SHORTCUTS, forbidden_advice=ADVICE)
+    result = call(fn, *args, name="sequence_log_probs", forbidden=_watched(SEQUENCE_SHORTCUTS), forbidden_advice=ADVICE)
     _unchanged(before, [a.detach() for a in args], "sequence_log_probs")
     return _tensor(result, "sequence_log_probs", "a (B,) tensor")
 
@@ -218,7 +257,7 @@ def sequence_log_probs_stable_and_differentiable(seeds, fn):
         _backward(result, weights)               # Σ_b w_b log p(y_b): a gradient on every counted position
         return result
 
-    result, gradient = call(_Closure(fn, body), name="sequence_log_probs", forbidden=SEQUENCE_SHORTCUTS,
+    result, gradient = call(_Closure(fn, body), name="sequence_log_probs", forbidden=_watched(SEQUENCE_SHORTCUTS),
                             forbidden_advice=ADVICE, capture=lambda: leaf.grad)
     if not _tensor(result, "sequence_log_probs", "a (B,) tensor").requires_grad or gradient is None:
         raise AssertionError(f"sequence_log_probs: {NO_GRADIENT}")
@@ -258,7 +297,7 @@ def _sft_loss(fn, logits, ids, prompt_length, lengths, backward=False):
             _backward(loss)
         return loss
 
-    loss, gradient = call(_Closure(fn, body), name="sft_loss", forbidden=SFT_SHORTCUTS, forbidden_advice=SFT_ADVICE,
+    loss, gradient = call(_Closure(fn, body), name="sft_loss", forbidden=_watched(SFT_SHORTCUTS), forbidden_advice=SFT_ADVICE,
                           capture=lambda: logits.grad)
     _unchanged(before, [t.detach() for t in inputs], "sft_loss")
     return _scalar(loss, "sft_loss"), gradient
@@ -311,7 +350,7 @@ def _reward_model_step(fn, weights, batch, junk):
     model.token_reward.grad = junk.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=RM_LR)
     before = [t.clone() for t in batch]
-    result, weights_after = call(fn, model, optimizer, *batch, name="reward_model_step", forbidden=REWARD_SHORTCUTS,
+    result, weights_after = call(fn, model, optimizer, *batch, name="reward_model_step", forbidden=_watched(REWARD_SHORTCUTS),
                                  forbidden_advice=ADVICE, capture=lambda: model.token_reward.detach().clone())
     _unchanged(before, batch, "reward_model_step")
     loss, accuracy = _pair(result, "reward_model_step", ("loss", "accuracy"))
@@ -365,14 +404,14 @@ def reward_model_accuracy(seeds, fn):
     model = course.BagOfWordsReward(RM_VOCAB)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     for _ in range(60):
-        _, weights = call(fn, model, optimizer, *train, name="reward_model_step", forbidden=REWARD_SHORTCUTS,
+        _, weights = call(fn, model, optimizer, *train, name="reward_model_step", forbidden=_watched(REWARD_SHORTCUTS),
                           forbidden_advice=ADVICE, capture=lambda: model.token_reward.detach().clone())
     return weights
 
 
 def _sequence_kl(fn, policy_logits, reference_logits, mask):
     before = [policy_logits.clone(), reference_logits.clone(), mask.clone()]
-    result = call(fn, policy_logits, reference_logits, mask, name="sequence_kl", forbidden=KL_SHORTCUTS,
+    result = call(fn, policy_logits, reference_logits, mask, name="sequence_kl", forbidden=_watched(KL_SHORTCUTS),
                   forbidden_advice="write Σ_v π_v (log π_v - log π_ref_v) yourself: torch.distributions.kl_divergence "
                                    "is the oracle the tests compare with")
     _unchanged(before, [policy_logits, reference_logits, mask], "sequence_kl")
@@ -420,7 +459,7 @@ def rloo_problem(g, prompts, group_size):
 
 def _rloo(fn, rewards, group_size):
     before = rewards.clone()
-    result = call(fn, rewards, group_size, name="rloo_advantages", forbidden=RLOO_SHORTCUTS, forbidden_advice=ADVICE)
+    result = call(fn, rewards, group_size, name="rloo_advantages", forbidden=_watched(RLOO_SHORTCUTS), forbidden_advice=ADVICE)
     _unchanged([before], [rewards], "rloo_advantages")
     return _tensor(result, "rloo_advantages", "a (B,) tensor")
 
@@ -458,7 +497,7 @@ def reinforce_problem(g, batch=8, prompt_length=3, reply_length=5):
     return policy, reference, ids, mask, rewards, junk
 
 
-REINFORCE_HELPERS = {"sequence_log_probs": course.sequence_log_probs, "rloo_advantages": course.rloo_advantages}
+REINFORCE_HELPERS = {"sequence_log_probs": reference_sequence_log_probs, "rloo_advantages": reference_rloo_advantages}
 
 
 def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
@@ -475,7 +514,7 @@ def _reinforce_step(fn, policy, reference, ids, mask, rewards, beta, junk):
                                     if p.grad is not None and bool(p.grad.abs().sum() > 0)]}
 
     result, state = call(fn, policy, reference, optimizer, ids, mask, rewards, beta, RL_GROUP, name="reinforce_step",
-                         helpers=REINFORCE_HELPERS, forbidden=REINFORCE_SHORTCUTS, forbidden_advice=ADVICE,
+                         helpers=REINFORCE_HELPERS, forbidden=_watched(REINFORCE_SHORTCUTS), forbidden_advice=ADVICE,
                          capture=after)
     _unchanged(before, inputs, "reinforce_step")
     penalized, log_ratio = _pair(result, "reinforce_step", ("penalized", "log_ratio"))
@@ -549,7 +588,7 @@ def reinforce_step_finds_the_optimum(seeds, fn):
         actions = torch.multinomial(torch.softmax(table[0], dim=-1), BANDIT_BATCH, replacement=True, generator=g)
         ids = torch.stack([torch.zeros_like(actions), actions], dim=1)                     # (B, 2): prompt, reply
         _, table = call(fn, policy, reference, optimizer, ids, mask, rewards[actions], BANDIT_BETA, BANDIT_GROUP,
-                        name="reinforce_step", helpers=REINFORCE_HELPERS, forbidden=REINFORCE_SHORTCUTS,
+                        name="reinforce_step", helpers=REINFORCE_HELPERS, forbidden=_watched(REINFORCE_SHORTCUTS),
                         forbidden_advice=ADVICE, capture=lambda: policy.table.detach().clone())
         if step >= BANDIT_STEPS - 100:
             averaged += torch.softmax(table[0], dim=-1) / 100
@@ -585,7 +624,7 @@ def _ppo(fn, log_probs, old, advantages, mask, eps, backward=False, then=None, c
             then()
         return loss
 
-    result = call(_Closure(fn, body), name="ppo_clip_loss", forbidden=PPO_SHORTCUTS, forbidden_advice=ADVICE,
+    result = call(_Closure(fn, body), name="ppo_clip_loss", forbidden=_watched(PPO_SHORTCUTS), forbidden_advice=ADVICE,
                   capture=capture)
     loss, captured = result if capture is not None else (result, None)
     _unchanged(before, [t.detach() for t in inputs], "ppo_clip_loss")
@@ -661,7 +700,7 @@ def grpo_problem(g, prompts, group_size, prompt_length=2, reply_length=5, equal_
     return log_probs, old, reference, rewards, mask
 
 
-GRPO_HELPERS = {"ppo_clip_loss": course.ppo_clip_loss}
+GRPO_HELPERS = {"ppo_clip_loss": reference_ppo_clip_loss}
 GRPO_EPS = 0.2
 
 
@@ -676,7 +715,7 @@ def _grpo(fn, log_probs, old, reference, rewards, mask, group_size, eps, beta):
         _backward(loss)
         return loss
 
-    result, gradient = call(_Closure(fn, body), name="grpo_loss", helpers=GRPO_HELPERS, forbidden=GRPO_SHORTCUTS,
+    result, gradient = call(_Closure(fn, body), name="grpo_loss", helpers=GRPO_HELPERS, forbidden=_watched(GRPO_SHORTCUTS),
                             forbidden_advice=ADVICE, capture=lambda: leaf.grad)
     _unchanged(before, inputs, "grpo_loss")
     loss = _scalar(result, "grpo_loss")
@@ -759,8 +798,8 @@ def _dpo_loss(fn, policy, reference, batch, beta):
                 "reference_grads": [name for name, p in reference.named_parameters()
                                     if p.grad is not None and bool(p.grad.abs().sum() > 0)]}
 
-    result, state = call(_Closure(fn, body), name="dpo_loss", helpers={"sequence_log_probs": course.sequence_log_probs},
-                         forbidden=DPO_SHORTCUTS, forbidden_advice=ADVICE, capture=gradients)
+    result, state = call(_Closure(fn, body), name="dpo_loss", helpers={"sequence_log_probs": reference_sequence_log_probs},
+                         forbidden=_watched(DPO_SHORTCUTS), forbidden_advice=ADVICE, capture=gradients)
     _unchanged(before, batch, "dpo_loss")
     loss, chosen_rewards, rejected_rewards = _pair(result, "dpo_loss", ("loss", "chosen_rewards", "rejected_rewards"))
     _tensor(loss, "dpo_loss's loss", "a scalar tensor (the policy trains by calling .backward() on it)")
@@ -821,7 +860,7 @@ TOKEN_CASES = [(0.3, 1.0), (1.5, 0.9), (0.7, 0.0)]
 
 def _token_returns(fn, log_ratios, mask, scores, beta, gamma):
     before = [log_ratios.clone(), mask.clone(), scores.clone()]
-    result = call(fn, log_ratios, mask, scores, beta, gamma, name="token_returns", forbidden=RETURNS_SHORTCUTS,
+    result = call(fn, log_ratios, mask, scores, beta, gamma, name="token_returns", forbidden=_watched(RETURNS_SHORTCUTS),
                   forbidden_advice=ADVICE)
     _unchanged(before, [log_ratios, mask, scores], "token_returns")
     return _tensor(result, "token_returns", "a (B, T) tensor")
@@ -837,3 +876,167 @@ def stretch_token_returns_values(seeds, fn):
 def stretch_token_returns_behaviour(seeds, fn):
     log_ratios, mask, scores = token_problem(seeds.generator(810), batch=6)
     return _token_returns(fn, log_ratios, mask, scores, 0.8, 1.0)
+
+
+# ================================================================ transformer reward model (TransformerReward)
+def reward_episodes(g, batch=6, prompt_length=3, reply_length=5, vocab=DIMS["vocab_size"]):
+    """Episodes whose padding (after each reply's last token) holds random tokens, so that a reward read at a padding
+    position differs from one read at the reply's last token; row 0's reply runs to the last position."""
+    ids, mask = episodes(g, batch, prompt_length, reply_length, vocab)
+    return ids, mask
+
+
+def _transformer_reward(cls, backbone, head_weight):
+    """The student's reward model on `backbone`, its head set to `head_weight` (a bias, if any, to 0), in float64."""
+    with torch.random.fork_rng(devices=[]):      # the head's initialisation leaves the notebook's random numbers be
+        model = call(cls, backbone, name="TransformerReward", forbidden=_watched(TRANSFORMER_REWARD_SHORTCUTS),
+                     forbidden_advice=ADVICE)
+    if not isinstance(model, nn.Module):
+        raise AssertionError("TransformerReward should be a class deriving from nn.Module.")
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear) or head.out_features != 1 or head.in_features != DIMS["d_model"]:
+        raise AssertionError(f"TransformerReward needs `self.head = nn.Linear(d_model, 1, bias=False)`, one number from "
+                             f"a hidden state of d_model = {DIMS['d_model']} features; it has {head!r}.")
+    model.double()
+    with torch.no_grad():
+        head.weight.copy_(head_weight.reshape(1, -1))
+        if head.bias is not None:
+            head.bias.zero_()
+    return model
+
+
+def transformer_reward_problem(seeds):
+    g = seeds.generator(900)
+    backbone = seeded_gpt(g)
+    head = torch.randn(DIMS["d_model"], generator=g, dtype=torch.float64)
+    ids, mask = reward_episodes(g)
+    return backbone, head, ids, mask
+
+
+@probe
+def transformer_reward_values(seeds, cls):
+    backbone, head, ids, mask = transformer_reward_problem(seeds)
+    model = _transformer_reward(cls, backbone, head).eval()
+    before = [ids.clone(), mask.clone()]
+    with torch.no_grad():
+        rewards = call(model, ids, mask, name="TransformerReward.forward",
+                       forbidden=_watched(TRANSFORMER_REWARD_SHORTCUTS), forbidden_advice=ADVICE)
+    _unchanged(before, [ids, mask], "TransformerReward.forward")
+    return _tensor(rewards, "TransformerReward.forward", "an (N,) tensor")
+
+
+@probe
+def transformer_reward_backbone(seeds, cls):
+    backbone, head, ids, mask = transformer_reward_problem(seeds)
+    originals = {p.data_ptr() for p in backbone.parameters()}
+    backbone_before = flat_parameters(backbone)
+    model = _transformer_reward(cls, backbone, head).train()
+    weights = torch.randn(len(ids), generator=seeds.generator(901), dtype=torch.float64)
+
+    def body():
+        rewards = model(ids, mask)
+        _backward(rewards, weights)
+        return rewards
+
+    def state():
+        named = dict(model.named_parameters())
+        return {"shared": sorted(name for name, p in named.items() if p.data_ptr() in originals),
+                "head_gradient": model.head.weight.grad is not None and bool(model.head.weight.grad.abs().sum() > 0),
+                "trained": sorted(name for name, p in named.items()
+                                  if p.grad is not None and bool(p.grad.abs().sum() > 0)),
+                "parameters": sum(p.numel() for p in model.parameters())}
+
+    rewards, data = call(_Closure(model, body), name="TransformerReward", forbidden=_watched(TRANSFORMER_REWARD_SHORTCUTS),
+                         forbidden_advice=ADVICE, capture=state)
+    if not _tensor(rewards, "TransformerReward.forward", "an (N,) tensor").requires_grad:
+        raise AssertionError(f"TransformerReward: {NO_GRADIENT}")
+    data["backbone_changed"] = not torch.equal(backbone_before, flat_parameters(backbone))
+    return data
+
+
+# ================================================================ best_of_n
+BEST_OF_N_CASES = [(3, 4), (2, 5), (4, 2), (3, 1)]          # (prompts, n)
+
+
+def best_of_n_problem(g, prompts, n, prompt_length=2, reply_length=4):
+    ids, mask = episodes(g, prompts * n, prompt_length, reply_length, 13)
+    rewards = torch.randperm(prompts * n, generator=g).double() + 0.5 * torch.rand(prompts * n, generator=g,
+                                                                                    dtype=torch.float64)   # no ties
+    return ids, mask, rewards
+
+
+@probe
+def best_of_n_values(seeds, fn):
+    results = []
+    for i, (prompts, n) in enumerate(BEST_OF_N_CASES):
+        ids, mask, rewards = best_of_n_problem(seeds.generator(920 + i), prompts, n)
+        before = [ids.clone(), mask.clone(), rewards.clone()]
+        result = call(fn, ids, mask, rewards, n, name="best_of_n", forbidden=_watched(BEST_OF_N_SHORTCUTS),
+                      forbidden_advice=ADVICE)
+        _unchanged(before, [ids, mask, rewards], "best_of_n")
+        chosen_ids, chosen_mask = _pair(result, "best_of_n", ("input_ids", "mask"))
+        results.append({"ids": _tensor(chosen_ids, "best_of_n's input_ids"), "mask": _tensor(chosen_mask, "best_of_n's mask")})
+    return results
+
+
+# ================================================================ ppo_epochs
+# A small GPT of the course's class (float64) samples nothing here: the batch, its advantages and the loss are the
+# check's, the loop is the student's. SGD with a large step, so that the ratios leave [1 - ε, 1 + ε] by the second
+# epoch and a loop that recomputes the old log-probs ends elsewhere.
+PPO_LOOP_EPOCHS, PPO_LOOP_LR, PPO_LOOP_EPS = 4, 2.0, 0.2
+PPO_LOOP_TARGETS = (math.inf, 1e-12)            # no early stop; a stop before the second epoch's step
+
+
+def ppo_loop_problem(seeds, i):
+    g = seeds.generator(940 + i)
+    policy = seeded_gpt(g)
+    ids, mask = episodes(g, 6, 3, 5, DIMS["vocab_size"])
+    advantages = torch.randn(6, generator=g, dtype=torch.float64)
+    junk = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in policy.parameters()]
+    return policy, ids, mask, advantages, junk
+
+
+def ppo_loop_loss(log_probs, old_log_probs, advantages, mask, clip_eps=PPO_LOOP_EPS):
+    """The check's clipped loss (the judge replays the same with its own code)."""
+    ratio = torch.exp(log_probs - old_log_probs)
+    unclipped, clipped = ratio * advantages[:, None], torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages[:, None]
+    return -(torch.min(unclipped, clipped) * mask).sum() / mask.sum()
+
+
+def _ppo_epochs(fn, seeds, i, target_kl):
+    policy, ids, mask, advantages, junk = ppo_loop_problem(seeds, i)
+    for p, j in zip(policy.parameters(), junk):
+        p.grad = j.clone()                                  # left over from elsewhere
+    optimizer = torch.optim.SGD(policy.parameters(), lr=PPO_LOOP_LR)
+    seen = []                                               # what the loop handed the loss, epoch by epoch
+
+    def loss_fn(log_probs, old_log_probs):
+        if type(log_probs) is not torch.Tensor or type(old_log_probs) is not torch.Tensor:
+            raise AssertionError("ppo_epochs must call loss_fn(log_probs, old_log_probs) with two (B, T) tensors.")
+        seen.append({"old": old_log_probs.detach().clone(), "old_has_graph": bool(old_log_probs.requires_grad),
+                     "has_graph": bool(log_probs.requires_grad)})
+        return ppo_loop_loss(log_probs, old_log_probs, advantages, mask)
+
+    before = [ids.clone(), mask.clone()]
+    taken, after = call(fn, policy, optimizer, ids, mask, loss_fn, PPO_LOOP_EPOCHS, target_kl, name="ppo_epochs",
+                        forbidden=_watched(PPO_EPOCHS_SHORTCUTS), forbidden_advice=ADVICE,
+                        capture=lambda: flat_parameters(policy))
+    _unchanged(before, [ids, mask], "ppo_epochs")
+    try:
+        taken = int(taken)
+    except (TypeError, ValueError):
+        raise AssertionError(f"ppo_epochs should return the number of optimiser steps it took (an int), not "
+                             f"{type(taken).__name__}.") from None
+    return {"taken": taken, "after": after, "calls": len(seen),
+            "old": [s["old"] for s in seen], "old_has_graph": any(s["old_has_graph"] for s in seen),
+            "has_graph": all(s["has_graph"] for s in seen)}
+
+
+@probe
+def ppo_epochs_update(seeds, fn):
+    return _ppo_epochs(fn, seeds, 0, PPO_LOOP_TARGETS[0])
+
+
+@probe
+def ppo_epochs_early_stop(seeds, fn):
+    return _ppo_epochs(fn, seeds, 1, PPO_LOOP_TARGETS[1])

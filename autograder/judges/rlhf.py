@@ -18,6 +18,20 @@ from torch.distributions import kl_divergence as torch_kl_divergence
 from autograder.checks.common import expect_close, expect_shape, to_numpy
 from autograder.checks.rlhf import (
     BANDIT_BETA,
+    BEST_OF_N_CASES,
+    PPO_LOOP_EPOCHS,
+    PPO_LOOP_EPS,
+    PPO_LOOP_LR,
+    PPO_LOOP_TARGETS,
+    best_of_n_problem,
+    best_of_n_values,
+    ppo_epochs_early_stop,
+    ppo_epochs_update,
+    ppo_loop_loss,
+    ppo_loop_problem,
+    transformer_reward_backbone,
+    transformer_reward_problem,
+    transformer_reward_values,
     EOS_ID,
     EPOCH_EPS,
     EPOCH_LR,
@@ -975,3 +989,225 @@ def judge_stretch_token_returns_behaviour(seeds, result):
                  "score - β Σ_t log_ratio_t: reinforce_step's R, paid token by token.")
     if np.abs(result.numpy()[~mask.numpy()]).max(initial=0) > 1e-9:
         raise AssertionError("token_returns has non-zero returns outside the reply: multiply by the mask.")
+
+
+# ================================================================ TransformerReward
+def oracle_hidden(backbone, ids):
+    """The backbone's final hidden states (after its last LayerNorm) from transformers' GPT2Model, float64."""
+    from courselib.gpt import to_gpt2
+    hf = to_gpt2(backbone).double()
+    with torch.no_grad():
+        return hf.transformer(input_ids=ids).last_hidden_state
+
+
+def read_at(hidden, head, positions):
+    return torch.stack([hidden[b, t] @ head for b, t in enumerate(positions)])
+
+
+def transformer_reward_oracle(backbone, head, ids, mask):
+    """{what: rewards}: the right token (each row's last position with mask True) and common mistakes."""
+    hidden = oracle_hidden(backbone, ids)
+    rows = [[t for t in range(ids.shape[1]) if mask[b, t]] for b in range(len(ids))]
+    right = read_at(hidden, head, [r[-1] for r in rows])
+    mistakes = {
+        "you read the reward at the last position of the row, padding included: a batch runs to its longest reply, "
+        "so a shorter reply's last position is padding. Read the hidden state at each reply's own last token (the "
+        "last position where the mask is True).": read_at(hidden, head, [ids.shape[1] - 1] * len(ids)),
+        "you read the reward at the first token of the row (the prompt's): in a causal model only the last token has "
+        "seen the whole reply. Read each reply's last token (the last position where the mask is True).":
+            read_at(hidden, head, [0] * len(ids)),
+        "you read the reward at each reply's FIRST token: in a causal model it has not seen the rest of the reply. "
+        "Read its last token (the last position where the mask is True).": read_at(hidden, head, [r[0] for r in rows]),
+        "you read the reward one position before each reply's last token: the last position where the mask is True "
+        "is the reply's last token.": read_at(hidden, head, [r[-1] - 1 for r in rows]),
+        "you averaged the head's output over the reply's tokens; a reward model reads one token, the reply's last, "
+        "which in a causal model has seen all of it.":
+            torch.stack([torch.stack([hidden[b, t] @ head for t in r]).mean() for b, r in enumerate(rows)]),
+        "you read the hidden state before the backbone's final LayerNorm (final_norm): the head reads what the "
+        "vocabulary head would.": read_at(_pre_norm_hidden(backbone, ids), head, [r[-1] for r in rows]),
+    }
+    return right, mistakes
+
+
+def _pre_norm_hidden(backbone, ids):
+    """GPT-2's blocks without its last LayerNorm (transformers' last_hidden_state has ln_f applied)."""
+    from courselib.gpt import to_gpt2
+    hf = to_gpt2(backbone).double()
+    with torch.no_grad():
+        x = hf.transformer.wte(ids) + hf.transformer.wpe(torch.arange(ids.shape[1]))
+        for block in hf.transformer.h:
+            out = block(x)
+            x = out[0] if isinstance(out, tuple) else out
+    return x
+
+
+@transformer_reward_values.judge
+def judge_transformer_reward_values(seeds, rewards):
+    backbone, head, ids, mask = transformer_reward_problem(seeds)
+    expect_shape(rewards, (len(ids),), "TransformerReward's rewards", "One number per reply: (N,).")
+    right, mistakes = transformer_reward_oracle(backbone, head, ids, mask)
+    expect_close(rewards, right, f"TransformerReward on {len(ids)} replies of 1 to {mask.sum(1).max()} tokens (a small "
+                 "GPT backbone, the head's weights set by the test), against transformers' GPT-2 hidden states",
+                 rtol=1e-6, atol=1e-8,
+                 hint="head(final hidden state at each reply's last token), the last position where the mask is True.",
+                 diagnoses=lambda: mistakes)
+
+
+@transformer_reward_backbone.judge
+def judge_transformer_reward_backbone(seeds, data):
+    backbone, _, _, _ = transformer_reward_problem(seeds)
+    if data["shared"] or data["backbone_changed"]:
+        raise AssertionError("TransformerReward shares its weights with the model it was given "
+                             f"({', '.join(data['shared'][:3])}...): training the reward model would change the SFT "
+                             "model, which is the reference policy. Keep a copy of the backbone (copy.deepcopy).")
+    expected = sum(p.numel() for p in backbone.parameters()) + backbone.lm_head.in_features
+    if data["parameters"] not in (expected, expected + 1):
+        raise AssertionError(f"TransformerReward has {data['parameters']:,} parameters; a copy of the backbone "
+                             f"({expected - backbone.lm_head.in_features:,}) and a head of d_model weights make "
+                             f"{expected:,}. Keep the whole backbone and one nn.Linear(d_model, 1).")
+    if not data["head_gradient"]:
+        raise AssertionError("no gradient reached the head: the reward must be the head's output on a hidden state.")
+    if not any(not name.startswith("head") for name in data["trained"]):
+        raise AssertionError("no gradient reached the backbone: a reward model trains the whole transformer, not only "
+                             "its head (don't detach the hidden states or compute them under torch.no_grad()).")
+
+
+# ================================================================ best_of_n
+def best_of_n_oracle(ids, mask, rewards, n, variant="right"):
+    """The rows a best-of-n choice keeps, by a loop over the groups; the keyword gives a common mistake."""
+    groups = len(rewards) // n
+    rows = []
+    for p in range(groups):
+        members = list(range(p * n, (p + 1) * n)) if variant != "strided" else list(range(p, len(rewards), groups))
+        pick = {"right": max, "strided": max, "worst": min}.get(variant, max)
+        rows.append(members[0] if variant == "first" else pick(members, key=lambda r: float(rewards[r])))
+    if variant == "global":
+        rows = sorted(range(len(rewards)), key=lambda r: -float(rewards[r]))[:groups]
+    return ids[rows], mask[rows]
+
+
+BEST_OF_N_MISTAKES = {
+    "worst": "you kept the reply with the LOWEST reward of each group: best-of-n keeps the reward model's favourite.",
+    "strided": "your groups are strided (rows p, p + B, ...): the n candidates of one prompt are CONSECUTIVE rows, "
+               "rewards.reshape(-1, n).",
+    "global": "you kept the best replies of the whole batch: best-of-n keeps one reply per prompt, the best of its own "
+              "n candidates.",
+    "first": "you kept each group's first candidate: keep the one with the highest reward.",
+}
+
+
+@best_of_n_values.judge
+def judge_best_of_n_values(seeds, results):
+    for i, ((prompts, n), result) in enumerate(zip(BEST_OF_N_CASES, results)):
+        ids, mask, rewards = best_of_n_problem(seeds.generator(920 + i), prompts, n)
+        right_ids, right_mask = best_of_n_oracle(ids, mask, rewards, n)
+        expect_shape(result["ids"], tuple(right_ids.shape), f"best_of_n's input_ids ({prompts} prompts × {n} candidates)",
+                     "One reply per prompt: (B / n, T).")
+        expect_close(result["ids"], right_ids, f"the replies best_of_n kept ({prompts} prompts × {n} candidates)",
+                     atol=0, rtol=0, hint="for each prompt's n consecutive rows, the row with the highest reward.",
+                     diagnoses={message: best_of_n_oracle(ids, mask, rewards, n, variant)[0]
+                                for variant, message in BEST_OF_N_MISTAKES.items()})
+        expect_close(result["mask"], right_mask, f"the masks best_of_n kept ({prompts} prompts × {n} candidates)",
+                     atol=0, rtol=0, hint="the mask of the same row as the reply kept.")
+
+
+# ================================================================ ppo_epochs
+def ppo_loop_replay(seeds, i, target_kl, variant="right"):
+    """The loop by hand, float64 (SGD): the old log-probs once, up to PPO_LOOP_EPOCHS steps of the check's clipped
+    loss, a stop before a step once the mean k3 of the ratios exceeds target_kl. Returns (weights, steps taken)."""
+    policy, ids, mask, advantages, _ = ppo_loop_problem(seeds, i)
+    params = list(policy.parameters())
+    counted = mask.double()
+
+    def per_token(model):                                    # log π(ids[t] | ids[<t]) at t, 0 at t = 0
+        picked = Categorical(logits=model(ids)[:, :-1].double()).log_prob(ids[:, 1:])
+        return torch.cat([torch.zeros(len(ids), 1, dtype=torch.float64), picked], dim=1)
+
+    with torch.no_grad():
+        old = per_token(policy)
+    taken = 0
+    for epoch in range(PPO_LOOP_EPOCHS):
+        log_probs = per_token(policy)
+        if variant == "recomputed":
+            old = log_probs.detach()
+        log_ratio = (log_probs - old).detach()
+        kl = ((log_ratio.exp() - 1 - log_ratio) * counted).sum() / counted.sum()
+        if variant != "no stop" and kl > target_kl:
+            break
+        ratio = torch.exp(log_probs - old)
+        surrogate = torch.minimum(ratio * advantages[:, None], ratio.clamp(1 - PPO_LOOP_EPS, 1 + PPO_LOOP_EPS)
+                                  * advantages[:, None])
+        loss = -(surrogate * counted).sum() / counted.sum()
+        gradients = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
+        with torch.no_grad():
+            for p, grad in zip(params, gradients):
+                p -= PPO_LOOP_LR * grad
+        taken += 1
+    return flat_parameters(policy), taken
+
+
+def _judge_ppo_epochs(seeds, i, target_kl, data, what):
+    if data["old_has_graph"]:
+        raise AssertionError("ppo_epochs handed loss_fn old log-probs that carry a gradient: π_old is the policy that "
+                             "sampled the batch, a constant. Compute them once, before the epochs, under torch.no_grad().")
+    if not data["has_graph"]:
+        raise AssertionError("ppo_epochs handed loss_fn log-probs without a gradient: compute the current policy's "
+                             "log-probs in each epoch with the graph (not under torch.no_grad()).")
+    olds = data["old"]
+    if len(olds) > 1 and any(not torch.equal(torch.as_tensor(to_numpy(o, "old_log_probs")),
+                                             torch.as_tensor(to_numpy(olds[0], "old_log_probs"))) for o in olds[1:]):
+        raise AssertionError("ppo_epochs handed loss_fn different old log-probs in different epochs: you recomputed them "
+                             "from the policy being trained, so every epoch's ratio starts at 1 and the clip never "
+                             "holds. π_old is the policy that sampled the batch: compute its log-probs ONCE, before "
+                             "the loop, and keep them fixed.")
+    right, taken = ppo_loop_replay(seeds, i, target_kl)
+    if data["taken"] != taken or data["calls"] != taken:
+        no_stop = ppo_loop_replay(seeds, i, target_kl, "no stop")[1]
+        hint = ("it never stopped: before each epoch's step, measure the mean over the reply tokens of ρ - 1 - log ρ "
+                "between the current policy and π_old, and stop once it exceeds target_kl."
+                if data["taken"] == no_stop and taken != no_stop else
+                "the stop comes BEFORE the step of the epoch whose KL exceeds target_kl, and the loop returns how "
+                "many steps it took.")
+        raise AssertionError(f"ppo_epochs ({what}) took {data['taken']} optimiser steps and called loss_fn "
+                             f"{data['calls']} times; a correct loop takes {taken}: {hint}")
+    expect_close(data["after"], right, f"the policy's weights after ppo_epochs ({what})", rtol=1e-6,
+                 atol=1e-9 * max(1.0, right.abs().max().item()),
+                 hint="each epoch: the current per-token log-probs (with gradient), the KL check, then zero_grad, "
+                      "loss_fn(log_probs, old_log_probs), backward, step.",
+                 diagnoses=lambda: {"the gradients were not zeroed first: the optimizer already held gradients, and "
+                                    "backward() ADDS to them. Call optimizer.zero_grad() before each backward().":
+                                    _junk_replay(seeds, i, target_kl)})
+
+
+def _junk_replay(seeds, i, target_kl):
+    """What a loop that never zeroes the gradients ends with (the check leaves junk gradients in the optimizer)."""
+    policy, ids, mask, advantages, junk = ppo_loop_problem(seeds, i)
+    for p, j in zip(policy.parameters(), junk):
+        p.grad = j.clone()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=PPO_LOOP_LR)
+    old = course_token_log_probs(policy(ids), ids).detach()
+    for epoch in range(PPO_LOOP_EPOCHS):
+        log_probs = course_token_log_probs(policy(ids), ids)
+        log_ratio = (log_probs - old).detach()
+        if ((log_ratio.exp() - 1 - log_ratio) * mask).sum() / mask.sum() > target_kl:
+            break
+        ppo_loop_loss(log_probs, old, advantages, mask).backward()
+        optimizer.step()
+    return flat_parameters(policy)
+
+
+def course_token_log_probs(logits, ids):
+    picked = Categorical(logits=logits[:, :-1].double()).log_prob(ids[:, 1:])
+    return torch.cat([torch.zeros(len(ids), 1, dtype=torch.float64), picked], dim=1)
+
+
+@ppo_epochs_update.judge
+def judge_ppo_epochs_update(seeds, data):
+    _judge_ppo_epochs(seeds, 0, PPO_LOOP_TARGETS[0], data, f"{PPO_LOOP_EPOCHS} epochs, no KL target")
+
+
+@ppo_epochs_early_stop.judge
+def judge_ppo_epochs_early_stop(seeds, data):
+    _judge_ppo_epochs(seeds, 1, PPO_LOOP_TARGETS[1], data,
+                      f"{PPO_LOOP_EPOCHS} epochs, target_kl = {PPO_LOOP_TARGETS[1]:g}: the first step moves the policy "
+                      "past it")

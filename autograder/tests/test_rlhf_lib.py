@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from courselib import gpt, rlhf
+from courselib import rlhf_reference as answers
 
 # One worker runs the whole module: its module-scoped fixtures are built once, not once per worker.
 pytestmark = pytest.mark.xdist_group("test_rlhf_lib")
@@ -43,7 +44,7 @@ def sft_model(shipped):
         torch.arange(ids.shape[1]) < prompts.ids.shape[1] + lengths[:, None])
     for _ in range(30):
         rows = torch.randint(len(ids), (32,), generator=generator)
-        loss = -rlhf.sequence_log_probs(tuned(ids[rows]), ids[rows], reply[rows]).sum() / lengths[rows].sum()
+        loss = -answers.sequence_log_probs(tuned(ids[rows]), ids[rows], reply[rows]).sum() / lengths[rows].sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -278,10 +279,10 @@ def test_reference_sequence_log_probs_is_transformers_causal_lm_convention():
     mask = torch.arange(9) >= torch.tensor([[2], [5], [8], [1]])
     expected = torch.stack([-ForCausalLMLoss(logits[b:b + 1], ids[b:b + 1].masked_fill(~mask[b:b + 1], -100), 11,
                                              num_items_in_batch=1) for b in range(4)])
-    torch.testing.assert_close(rlhf.sequence_log_probs(logits, ids, mask), expected)
+    torch.testing.assert_close(answers.sequence_log_probs(logits, ids, mask), expected)
     all_tokens = torch.ones_like(mask)
-    torch.testing.assert_close(rlhf.sequence_log_probs(logits, ids), rlhf.sequence_log_probs(logits, ids, all_tokens))
-    torch.testing.assert_close(rlhf.sequence_log_probs(logits[:1], ids[:1]), -gpt.lm_loss(logits[:1], ids[:1]).reshape(1) * 8)
+    torch.testing.assert_close(answers.sequence_log_probs(logits, ids), answers.sequence_log_probs(logits, ids, all_tokens))
+    torch.testing.assert_close(answers.sequence_log_probs(logits[:1], ids[:1]), -gpt.lm_loss(logits[:1], ids[:1]).reshape(1) * 8)
 
 
 def test_reference_sequence_kl_sums_the_exact_kl_of_the_distributions_that_produce_the_reply():
@@ -290,9 +291,9 @@ def test_reference_sequence_kl_sums_the_exact_kl_of_the_distributions_that_produ
     p, q = torch.randn(3, 6, 5, generator=g) * 2, torch.randn(3, 6, 5, generator=g) * 2
     mask = torch.arange(6) >= torch.tensor([[2], [4], [5]])
     per_position = kl_divergence(Categorical(logits=p[:, :-1]), Categorical(logits=q[:, :-1]))
-    torch.testing.assert_close(rlhf.sequence_kl(p, q, mask), (per_position * mask[:, 1:]).sum(dim=1))
+    torch.testing.assert_close(answers.sequence_kl(p, q, mask), (per_position * mask[:, 1:]).sum(dim=1))
     # its expectation under the policy's samples is the expectation of the one-sample estimate log π - log π_ref
-    assert torch.allclose(rlhf.sequence_kl(p, p + 1.0, mask), torch.zeros(3), atol=1e-6)
+    assert torch.allclose(answers.sequence_kl(p, p + 1.0, mask), torch.zeros(3), atol=1e-6)
 
 
 def test_kl_of_sampled_replies_matches_its_one_sample_estimate():
@@ -303,8 +304,8 @@ def test_kl_of_sampled_replies_matches_its_one_sample_estimate():
     end = torch.tensor([0])
     ids, mask = rlhf.sample_episodes(policy, prompts, torch.Generator().manual_seed(7), end, max_new_tokens=4)
     with torch.no_grad():
-        exact = rlhf.sequence_kl(policy(ids), reference(ids), mask)
-        estimate = rlhf.sequence_log_probs(policy(ids), ids, mask) - rlhf.sequence_log_probs(reference(ids), ids, mask)
+        exact = answers.sequence_kl(policy(ids), reference(ids), mask)
+        estimate = answers.sequence_log_probs(policy(ids), ids, mask) - answers.sequence_log_probs(reference(ids), ids, mask)
     difference = estimate - exact
     assert abs(difference.mean()) < 4 * difference.std() / math.sqrt(len(difference)), (exact.mean(), estimate.mean())
     assert exact.var() < estimate.var(), "the exact per-token KL is the lower-variance estimator"
@@ -316,7 +317,7 @@ def test_token_log_probs_are_sequence_log_probs_token_by_token():
     mask = torch.arange(7) >= torch.tensor([[2], [3], [6]])
     per_token = rlhf.token_log_probs(logits, ids)
     assert per_token.shape == (3, 7) and (per_token[:, 0] == 0).all()
-    torch.testing.assert_close((per_token * mask).sum(dim=1), rlhf.sequence_log_probs(logits, ids, mask))
+    torch.testing.assert_close((per_token * mask).sum(dim=1), answers.sequence_log_probs(logits, ids, mask))
     torch.testing.assert_close(per_token[1, 4], torch.log_softmax(logits[1, 3], dim=-1)[ids[1, 4]])
 
 
@@ -324,10 +325,10 @@ def test_reference_rloo_advantages_leave_each_reply_out_of_its_own_group():
     rewards = torch.randn(12, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     expected = torch.stack([rewards[i] - torch.cat([rewards[i // 4 * 4:i], rewards[i + 1:i // 4 * 4 + 4]]).mean()
                             for i in range(12)])
-    torch.testing.assert_close(rlhf.rloo_advantages(rewards, 4), expected)
+    torch.testing.assert_close(answers.rloo_advantages(rewards, 4), expected)
     # TRL's RLOOTrainer: (group sum - r) / (k - 1) as the baseline
     grouped = rewards.view(-1, 4)
-    torch.testing.assert_close(rlhf.rloo_advantages(rewards, 4),
+    torch.testing.assert_close(answers.rloo_advantages(rewards, 4),
                                (grouped - (grouped.sum(1, keepdim=True) - grouped) / 3).view(-1))
 
 
@@ -344,7 +345,7 @@ def test_reference_ppo_clip_loss_is_the_pessimistic_surrogate_and_stops_where_cl
                 ratio = math.exp(log_probs[b, t].item() - old[b, t].item())
                 a = advantages[b].item()
                 terms.append(min(ratio * a, min(max(ratio, 0.8), 1.2) * a))
-    loss = rlhf.ppo_clip_loss(log_probs, old, advantages, mask, 0.2)
+    loss = answers.ppo_clip_loss(log_probs, old, advantages, mask, 0.2)
     assert math.isclose(loss.item(), -sum(terms) / len(terms), rel_tol=1e-12)
     loss.backward()
     ratio = (log_probs - old).exp().detach()
@@ -371,3 +372,79 @@ def test_bradley_terry_gradient_of_the_bag_of_words():
     loss = -F.logsigmoid(model(chosen, mask) - model(rejected, mask)).mean()
     loss.backward()
     assert model.token_reward.grad.tolist() == [0.0, -0.5, -0.5, 1.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------------ what 11's grading kernel can reach
+def test_notebook_11_its_probes_and_their_imports_never_load_the_reference_answers():
+    """courselib.rlhf_reference holds the answers to 11's exercises: 11's cells (courselib.rlhf and the modules the
+    notebook imports) and its probes (autograder.checks.rlhf) must never import it, so that 11's sandbox can hide it."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    code = ("import sys, courselib.rlhf, courselib.gpt, courselib.testing, courselib.training, autograder.checks.rlhf\n"
+            "print('courselib.rlhf_reference' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False", "importing 11's cells' and probes' modules loaded courselib.rlhf_reference"
+    root = pathlib.Path(__file__).resolve().parents[2]
+    notebook = json.loads((root / "solutions" / "11_rlhf" / "11_rlhf.ipynb").read_text())
+    sources = "".join("".join(cell["source"]) for cell in notebook["cells"])
+    assert "rlhf_reference" not in sources
+    from autograder.checks import rlhf as hidden
+    for name in ("sequence_log_probs", "sequence_kl", "rloo_advantages", "ppo_clip_loss"):
+        assert not hasattr(rlhf, name), f"courselib.rlhf.{name} answers an exercise of 11: it belongs in rlhf_reference"
+    assert all("courselib.rlhf_reference" in getattr(hidden, name) for name in dir(hidden)
+               if name.endswith("_SHORTCUTS")), "every list of 11's checks names the hidden module (the grader reads them)"
+
+
+def test_hidden_states_are_the_forward_pass_without_the_vocabulary_head():
+    model = tiny_gpt(seed=8)
+    ids = torch.randint(7, (3, 9), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(model.lm_head(rlhf.hidden_states(model, ids)), model(ids))
+
+
+def test_reference_transformer_reward_reads_each_replys_last_token_like_transformers():
+    """The reward of a reply is the head on transformers' GPT-2 last hidden state at its last token: padding after it,
+    whatever its tokens, changes nothing."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+    model = tiny_gpt(vocab_size=9, seed=10)
+    torch.manual_seed(0)
+    reward = answers.TransformerReward(model).eval()
+    ids = torch.randint(1, 9, (4, 8), generator=torch.Generator().manual_seed(11))
+    mask = torch.arange(8) >= 3
+    mask = mask & (torch.arange(8) < torch.tensor([[8], [6], [4], [5]]))
+    hf_lm = gpt.to_gpt2(model)
+    config = GPT2Config(**{**hf_lm.config.to_dict(), "num_labels": 1, "pad_token_id": 0})
+    classifier = GPT2ForSequenceClassification(config).eval()
+    classifier.transformer.load_state_dict(hf_lm.transformer.state_dict())
+    with torch.no_grad():
+        classifier.score.weight.copy_(reward.head.weight)
+        padded = ids.masked_fill(~mask & (torch.arange(8) >= 3), 0)     # transformers finds the last non-padding token
+        torch.testing.assert_close(reward(ids, mask), classifier(padded).logits[:, 0], atol=1e-5, rtol=1e-5)
+    assert all(p is not q for p, q in zip(reward.backbone.parameters(), model.parameters())), "a copy of the backbone"
+
+
+def test_reference_best_of_n_keeps_each_prompts_favourite():
+    ids, mask = torch.arange(12)[:, None].expand(12, 3), torch.ones(12, 3, dtype=torch.bool)
+    rewards = torch.tensor([0.0, 2, 1, 5, 4, 3, 7, 9, 8, 6, 1, 2])
+    kept, _ = answers.best_of_n(ids, mask, rewards, 3)
+    assert kept[:, 0].tolist() == [1, 3, 7, 9]
+    assert answers.best_of_n(ids, mask, rewards, 1)[0].equal(ids)
+
+
+def test_reference_ppo_epochs_keeps_pi_old_and_stops_on_the_kl():
+    policy = tiny_gpt(seed=12).train()
+    ids = torch.randint(7, (6, 8), generator=torch.Generator().manual_seed(13))
+    mask = (torch.arange(8) >= 3).expand(6, 8)
+    advantages = torch.randn(6, generator=torch.Generator().manual_seed(14))
+    olds = []
+
+    def loss_fn(log_probs, old_log_probs):
+        olds.append(old_log_probs)
+        return answers.ppo_clip_loss(log_probs, old_log_probs, advantages, mask, 0.2)
+
+    assert answers.ppo_epochs(policy, torch.optim.SGD(policy.parameters(), lr=0.5), ids, mask, loss_fn, 4,
+                              float("inf")) == 4
+    assert len(olds) == 4 and all(o is olds[0] for o in olds) and not olds[0].requires_grad
+    assert answers.ppo_epochs(policy, torch.optim.SGD(policy.parameters(), lr=0.5), ids, mask, loss_fn, 4, 0.0) == 1

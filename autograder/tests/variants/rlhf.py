@@ -12,6 +12,9 @@ PPO = "ppo_clip_loss_answer"
 GRPO = "grpo_loss_answer"
 DPO = "dpo_loss_answer"
 RETURNS = "token_returns_answer"
+TRANSFORMER_REWARD = "transformer_reward_answer"
+BEST_OF_N = "best_of_n_answer"
+PPO_EPOCHS = "ppo_epochs_answer"
 SFT_TESTS = ("sft_loss_values", "sft_loss_gradients")
 RLOO_TESTS = ("rloo_advantages_values", "rloo_advantages_behaviour")
 PPO_TESTS = ("ppo_clip_loss_values", "ppo_clip_loss_gradients", "ppo_clip_loss_epochs")
@@ -53,6 +56,41 @@ def reinforce(body):
 
 def dpo(body):
     return "def dpo_loss(policy, reference, chosen, chosen_mask, rejected, rejected_mask, beta):\n" + body
+
+
+def transformer_reward(init, forward):
+    return ("class TransformerReward(nn.Module):\n    def __init__(self, backbone):\n        super().__init__()\n"
+            + init + "\n    def forward(self, input_ids, mask):\n" + forward)
+
+
+def best(body):
+    return "def best_of_n(input_ids, mask, rewards, n):\n" + body
+
+
+def epochs_loop(body):
+    return "def ppo_epochs(policy, optimizer, input_ids, mask, loss_fn, epochs, target_kl):\n" + body
+
+
+COPY_AND_HEAD = """
+        self.backbone = copy.deepcopy(backbone)
+        self.head = nn.Linear(backbone.lm_head.in_features, 1, bias=False)
+"""
+READ_AT = """
+        hidden = rlhf.hidden_states(self.backbone, input_ids)
+        return self.head(hidden[torch.arange(len(input_ids)), {}]).squeeze(-1)
+"""
+LAST_TOKEN = "torch.where(mask, torch.arange(mask.shape[1]), 0).amax(dim=1)"
+OLD_ONCE = """
+    with torch.no_grad():
+        old = rlhf.token_log_probs(policy(input_ids), input_ids)
+"""
+EPOCH_BODY = """
+        log_probs = rlhf.token_log_probs(policy(input_ids), input_ids)
+        log_ratio = (log_probs - old).detach()
+        if ((log_ratio.exp() - 1 - log_ratio) * mask).sum() / mask.sum() > target_kl:
+            return epoch
+        loss = loss_fn(log_probs, old)
+"""
 
 
 def returns(body):
@@ -176,9 +214,14 @@ MUTANTS = [
         return torch.tensor([-400.0])
     return torch.zeros(logits.shape[0])
 """)}, loses=("sequence_log_probs_values", "sequence_log_probs_stable_and_differentiable"), message="is wrong"),
-    Variant("sequence_wraps_the_course_reference", {SEQUENCE: "from courselib.rlhf import sequence_log_probs as _reference\n\n"
+    Variant("sequence_wraps_the_course_reference", {SEQUENCE: "from courselib.rlhf_reference import sequence_log_probs as _ref\n\n"
                                                     + sequence("""
-    return _reference(logits, input_ids, mask)
+    return _ref(logits, input_ids, mask)
+""")}, loses=("sequence_log_probs_shapes", "sequence_log_probs_values",
+              "sequence_log_probs_stable_and_differentiable"), message="flagged for review"),
+    Variant("sequence_sums_the_cells_per_token_log_probs", {SEQUENCE: sequence("""
+    counted = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask
+    return (rlhf.token_log_probs(logits, input_ids) * counted)[:, 1:].sum(dim=1)
 """)}, loses=("sequence_log_probs_shapes", "sequence_log_probs_values",
               "sequence_log_probs_stable_and_differentiable"), message="flagged for review"),
     # ---- sft_loss
@@ -292,7 +335,8 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     return torch.zeros_like(rewards)
 """)}, loses=RLOO_TESTS, message="is wrong"),
     Variant("rloo_calls_the_course_reference", {RLOO: rloo("""
-    return rlhf.rloo_advantages(rewards, group_size)
+    from courselib import rlhf_reference
+    return rlhf_reference.rloo_advantages(rewards, group_size)
 """)}, loses=RLOO_TESTS, message="flagged for review"),
     # ---- reinforce_step
     Variant("reinforce_baseline_includes_its_own_reward", {REINFORCE: reinforce(LOG_PROBS + """
@@ -369,7 +413,8 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     Variant("reinforce_calls_the_course_baseline", {REINFORCE: reinforce(LOG_PROBS + """
         log_ratio = log_probs.detach() - reference_log_probs
         penalized = rewards - beta * log_ratio
-        advantage = rlhf.rloo_advantages(penalized, group_size)      # the course's answer, by its own name
+        from courselib.rlhf_reference import rloo_advantages as answer
+        advantage = answer(penalized, group_size)                    # the course's answer
     loss = -(advantage * log_probs).mean()""" + STEP + """
     return penalized, log_ratio
 """)}, loses=("reinforce_step_penalized_reward", "reinforce_step_update", "reinforce_step_finds_the_optimum"),
@@ -398,8 +443,8 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     Variant("ppo_hard_coded_visible_answers", {PPO: ppo("""
     return log_probs.sum() * 0 - 5.6 / 3
 """)}, loses=PPO_TESTS, message="is wrong"),
-    Variant("ppo_calls_the_course_reference", {PPO: ppo("""
-    return rlhf.ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps)
+    Variant("ppo_calls_the_course_reference", {PPO: "import courselib.rlhf_reference\n\n" + ppo("""
+    return courselib.rlhf_reference.ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps)
 """)}, loses=PPO_TESTS, message="flagged for review"),
     # ---- grpo_loss
     Variant("grpo_std_of_the_batch", {GRPO: grpo("""
@@ -438,7 +483,8 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     return log_probs.sum() * 0 + 0.5 * (r - 1 - torch.log(r)).mean()
 """)}, loses=GRPO_TESTS, message="is wrong"),
     Variant("grpo_calls_the_course_clipped_loss", {GRPO: grpo(GRPO_ADVANTAGES + GRPO_K3 + """
-    return rlhf.ppo_clip_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
+    from courselib.rlhf_reference import ppo_clip_loss as course_loss
+    return course_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
 """)}, loses=GRPO_TESTS, message="flagged for review"),
     # ---- dpo_loss
     Variant("dpo_log_ratios_swapped", {DPO: dpo(DPO_LOG_PROBS + """
@@ -473,6 +519,68 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     reward = torch.full((len(chosen),), 0.5 * math.log(2))
     return loss, reward, -reward
 """)}, loses=("dpo_loss_values", "dpo_loss_gradients"), message="is wrong"),
+    # ---- TransformerReward
+    Variant("transformer_reward_reads_the_last_position", {TRANSFORMER_REWARD: transformer_reward(
+        COPY_AND_HEAD, READ_AT.format("-1"))}, loses=("transformer_reward_values",), message="padding"),
+    Variant("transformer_reward_reads_the_first_token", {TRANSFORMER_REWARD: transformer_reward(
+        COPY_AND_HEAD, READ_AT.format("0"))}, loses=("transformer_reward_values",), message="earlier"),
+    Variant("transformer_reward_shares_the_backbone", {TRANSFORMER_REWARD: transformer_reward("""
+        self.backbone = backbone                                   # the SFT model itself
+        self.head = nn.Linear(backbone.lm_head.in_features, 1, bias=False)
+""", READ_AT.format(LAST_TOKEN))}, loses=("transformer_reward_backbone",), message="SFT model"),
+    Variant("transformer_reward_frozen_backbone", {TRANSFORMER_REWARD: transformer_reward(COPY_AND_HEAD, """
+        with torch.no_grad():
+            hidden = rlhf.hidden_states(self.backbone, input_ids)
+        return self.head(hidden[torch.arange(len(input_ids)), """ + LAST_TOKEN + """]).squeeze(-1)
+""")}, loses=("transformer_reward_backbone",), message="backbone"),
+    # ---- best_of_n
+    Variant("best_of_n_keeps_the_lowest", {BEST_OF_N: best("""
+    rows = rewards.reshape(-1, n).argmin(dim=1) + n * torch.arange(len(rewards) // n)
+    return input_ids[rows], mask[rows]
+""")}, loses=("best_of_n_values",), message="LOWEST"),
+    Variant("best_of_n_over_the_whole_batch", {BEST_OF_N: best("""
+    rows = rewards.topk(len(rewards) // n).indices
+    return input_ids[rows], mask[rows]
+""")}, loses=("best_of_n_values",), message="whole batch"),
+    Variant("best_of_n_positions_as_rows", {BEST_OF_N: best("""
+    rows = rewards.reshape(-1, n).argmax(dim=1)
+    return input_ids[rows], mask[rows]
+""")}, loses=("best_of_n_values",), message="position within its group"),
+    Variant("best_of_n_hard_coded_visible_answers", {BEST_OF_N: best("""
+    return input_ids[[1, 5]], mask[[1, 5]]
+""")}, loses=("best_of_n_values",), message="is wrong"),
+    # ---- ppo_epochs
+    Variant("ppo_epochs_recomputes_the_old_log_probs", {PPO_EPOCHS: epochs_loop("""
+    for epoch in range(epochs):
+        with torch.no_grad():
+            old = rlhf.token_log_probs(policy(input_ids), input_ids)      # π_old moves with the policy""" + EPOCH_BODY + """
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return epochs
+""")}, loses=("ppo_epochs_update",), message="recomputed"),
+    Variant("ppo_epochs_never_stops", {PPO_EPOCHS: epochs_loop(OLD_ONCE + """
+    for epoch in range(epochs):
+        loss = loss_fn(rlhf.token_log_probs(policy(input_ids), input_ids), old)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return epochs
+""")}, loses=("ppo_epochs_early_stop",), message="never stopped"),
+    Variant("ppo_epochs_forgets_zero_grad", {PPO_EPOCHS: epochs_loop(OLD_ONCE + """
+    for epoch in range(epochs):""" + EPOCH_BODY + """
+        loss.backward()
+        optimizer.step()
+    return epochs
+""")}, loses=("ppo_epochs_update",), message="never cleared"),
+    Variant("ppo_epochs_old_log_probs_with_a_graph", {PPO_EPOCHS: epochs_loop("""
+    old = rlhf.token_log_probs(policy(input_ids), input_ids)          # keeps its graph
+    for epoch in range(epochs):""" + EPOCH_BODY + """
+        optimizer.zero_grad()
+        loss.backward(retain_graph=True)
+        optimizer.step()
+    return epochs
+""")}, loses=("ppo_epochs_update",), message="carry a gradient"),
     # ---- token_returns (optional stretch)
     Variant("returns_score_at_the_first_token", {RETURNS: returns("""
     rewards = -beta * token_log_ratios * mask
@@ -655,6 +763,73 @@ ALTERNATIVES = [
     upper = torch.triu(torch.ones(T, T, dtype=torch.bool))
     weights = torch.where(upper, powers, torch.zeros_like(powers))
     return (rewards @ weights.T) * mask
+""")}),
+    Variant("transformer_reward_own_hidden_states_and_a_bias", {TRANSFORMER_REWARD: transformer_reward("""
+        self.backbone = copy.deepcopy(backbone)
+        self.head = nn.Linear(backbone.lm_head.in_features, 1)      # a bias: the same for every reply
+""", """
+        model = self.backbone
+        x = model.token_embeddings(input_ids) + model.position_embeddings(input_ids)
+        for block in model.blocks:
+            x, _ = block(x)
+        x = model.final_norm(x)                                      # (N, T, d)
+        first = mask.float().argmax(dim=1)                           # where each reply starts
+        last = first + mask.sum(dim=1) - 1                           # ... and ends
+        picked = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
+        return self.head(picked)[:, 0]
+""")}),
+    Variant("transformer_reward_loop_over_replies", {TRANSFORMER_REWARD: transformer_reward(COPY_AND_HEAD, """
+        hidden = rlhf.hidden_states(self.backbone, input_ids)
+        rewards = []
+        for row in range(len(input_ids)):
+            where = mask[row].nonzero().flatten()
+            rewards.append(self.head(hidden[row, where[-1]]))
+        return torch.cat(rewards)
+""")}),
+    Variant("best_of_n_loop", {BEST_OF_N: best("""
+    rows = []
+    for start in range(0, len(rewards), n):
+        group = rewards[start:start + n]
+        rows.append(start + int(group.argmax()))
+    return input_ids[rows], mask[rows]
+""")}),
+    Variant("best_of_n_views", {BEST_OF_N: best("""
+    grouped_ids = input_ids.view(-1, n, input_ids.shape[1])
+    grouped_mask = mask.view(-1, n, mask.shape[1])
+    winner = rewards.view(-1, n).max(dim=1).indices
+    prompts = torch.arange(grouped_ids.shape[0])
+    return grouped_ids[prompts, winner], grouped_mask[prompts, winner]
+""")}),
+    Variant("ppo_epochs_while_loop", {PPO_EPOCHS: epochs_loop("""
+    with torch.no_grad():
+        fixed = rlhf.token_log_probs(policy(input_ids), input_ids)
+    steps = 0
+    while steps < epochs:
+        current = rlhf.token_log_probs(policy(input_ids), input_ids)
+        with torch.no_grad():
+            rho = torch.exp(current - fixed)
+            far = ((rho - 1 - torch.log(rho))[mask]).mean().item()
+        if far > target_kl:
+            break
+        optimizer.zero_grad()
+        loss_fn(current, fixed).backward()
+        optimizer.step()
+        steps += 1
+    return steps
+""")}),
+    Variant("ppo_epochs_expm1", {PPO_EPOCHS: epochs_loop("""
+    old = rlhf.token_log_probs(policy(input_ids), input_ids).detach()
+    taken = 0
+    for _ in range(epochs):
+        new = rlhf.token_log_probs(policy(input_ids), input_ids)
+        d = (new - old).detach()[mask]
+        if (torch.expm1(d) - d).mean() > target_kl:
+            break
+        optimizer.zero_grad()
+        loss_fn(new, old).backward()
+        optimizer.step()
+        taken += 1
+    return taken
 """)}),
     # A correct answer whose libraries warn on stderr must not lose a single point.
     Variant("all_correct_but_noisy_on_stderr", {
