@@ -33,6 +33,9 @@ REFERENCES = {
     "grouped_query_attention": ("05_multi_head_attention", "courselib.llama.grouped_query_attention"),
     "RMSNorm": ("07_encoder", "courselib.llama.RMSNorm"),
     "SwiGLUFeedForward": ("07_encoder", "courselib.llama.SwiGLUFeedForward"),
+    "CausalSelfAttention": ("09_gpt", "courselib.fused_gpt.CausalSelfAttention"),
+    "DecoderBlock": ("09_gpt", "courselib.fused_gpt.Block"),
+    "GPT": ("09_gpt", "courselib.fused_gpt.GPT"),
 }
 
 
@@ -221,5 +224,18 @@ def _smoke_module(*args):
     return smoke
 
 
+def _smoke_gpt(cls, ref):
+    g = torch.Generator().manual_seed(3)
+    ours, theirs = cls(30, 8, 2, 2, 6).double().eval(), ref(30, 8, 2, 2, 6).double().eval()
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.copy_(torch.randn(param.shape, generator=g, dtype=torch.float64))
+    ours.load_state_dict(theirs.state_dict())   # 09's parameter names (lm_head tied to the token embedding)
+    ids = torch.randint(30, (2, 6), generator=g)
+    with torch.no_grad():
+        return _largest_difference(ours(ids), theirs(ids))
+
+
 SMOKE_TESTS = {"apply_rope": _smoke_rope, "grouped_query_attention": _smoke_gqa,
-               "RMSNorm": _smoke_module(8), "SwiGLUFeedForward": _smoke_module(8, 12)}
+               "RMSNorm": _smoke_module(8), "SwiGLUFeedForward": _smoke_module(8, 12),
+               "CausalSelfAttention": _smoke_module(8, 2), "DecoderBlock": _smoke_module(8, 2, 16), "GPT": _smoke_gpt}
