@@ -22,11 +22,14 @@ ROSTER ?= autograder/hub/roster.example.csv
 HUB_DIR ?= /srv/transformers-course-hub
 HUB_PORT ?= 8000
 HUB_ARGS ?=
+# make hub RELEASE="04_self_attention": what setup releases now (default nothing: `python -m autograder.hub
+# release NN_topic` in an instructor's terminal releases each assignment when its week comes)
+RELEASE ?=
 # make lab LAB_ARGS="--no-browser --port=8890": passed on to jupyter lab
 LAB_ARGS ?=
 HUB_PROXY := $(VENV)/hub-proxy/node_modules/.bin/configurable-http-proxy
 
-.PHONY: help env hub-env lab hub test release check grade grade-benchmark clean
+.PHONY: help env hub-env lab hub hub-teardown test release check grade grade-benchmark clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -72,8 +75,13 @@ lab: env  ## open JupyterLab on the student notebooks in course/
 	cd autograder && ../$(BIN)/jupyter lab --notebook-dir=../course $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 # As root: creates the roster's users, then runs the hub in the foreground (Ctrl-C stops it).
-hub: hub-env  ## a JupyterHub for a class on this machine: make hub ROSTER=class.csv [HUB_DIR=... HUB_PORT=...]
-	$(BIN)/python -m autograder.hub up --roster "$(ROSTER)" --dir "$(HUB_DIR)" --port $(HUB_PORT) $(HUB_ARGS)
+hub: hub-env  ## a JupyterHub for a class on this machine: make hub ROSTER=class.csv [RELEASE=... HUB_DIR=... HUB_PORT=...]
+	$(BIN)/python -m autograder.hub up --roster "$(ROSTER)" --dir "$(HUB_DIR)" --port $(HUB_PORT) $(HUB_ARGS) $(RELEASE)
+
+# As root, once the hub is stopped: ends the class's processes, deletes the users, groups, limits and folder
+# that setup made (never a user it did not create).
+hub-teardown:  ## remove the class's hub: make hub-teardown HUB_DIR=...
+	$(BIN)/python -m autograder.hub teardown --dir "$(HUB_DIR)"
 
 # Tests and grading never touch the network; `make lab` leaves HF_HUB_OFFLINE to the learner.
 test check release grade grade-benchmark: export HF_HUB_OFFLINE := 1

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import getpass
 import json
 import logging
 import os
@@ -39,7 +40,8 @@ from sqlalchemy import and_, delete, insert, or_, select
 from traitlets import Unicode
 
 from autograder import cluster, grading, sandbox
-from autograder.config import CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, nbgrader_config
+from autograder.config import (CELL_TIMEOUT_SECONDS, REPO_ROOT, WORK_DIR, assignment_ids, cache_dir,
+                               nbgrader_config, writable)
 from autograder.judging import RUN_KEY_ENV
 
 CLASS_DIR = WORK_DIR / "class"
@@ -770,6 +772,8 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
     if submissions.suffix == ".zip":
         submissions = collect_zip(submissions, root)
     items, strays = intake(submissions, root, assignments, ledger.done())
+    from autograder.hub.exchange import set_aside_notes
+    strays += set_aside_notes(find_submitted_folder(submissions))   # what the hub's collect did not take
     students = sorted({i.student for i in items})
     pending = [i for i in items if ledger.done().get((i.student, i.assignment)) != i.digest]
     skipped = len(items) - len(pending)
@@ -836,18 +840,30 @@ def main(argv=None):
                         help="grade on an existing Dask cluster, e.g. tcp://host:8786 "
                              f"(default: ${cluster.SCHEDULER_ENV} when set)")
     parser.add_argument("--timeout", type=int, help="seconds allowed per cell")
-    parser.add_argument("--course-dir", default=str(CLASS_DIR), help="the nbgrader course folder")
+    parser.add_argument("--course-dir", help=f"the nbgrader course folder (default {CLASS_DIR}, where you may "
+                                             "write it; make grade GRADE_DIR=...)")
     parser.add_argument("--restart", action="store_true", help="forget earlier grading and start over")
     parser.add_argument("--unsandboxed", action="store_true",
                         help="grade where the machine cannot run the OS sandbox (README: what then still holds)")
     args = parser.parse_args(argv)
     if not pathlib.Path(args.submissions).exists():
         parser.error(f"no such folder or zip: {args.submissions}")
+    if args.course_dir is None and not writable(CLASS_DIR):
+        print(f"the class folder defaults to {CLASS_DIR}, inside the course's checkout, which {getpass.getuser()} "
+              "may not write: give the class a folder of yours, e.g. `make grade GRADE_DIR=~/grading` "
+              "(or --course-dir ~/grading)", file=sys.stderr)
+        return 2
+    args.course_dir = args.course_dir or str(CLASS_DIR)
     try:
         grade_class(args.submissions, args.course_dir, args.jobs, args.timeout, args.restart,
                     sandbox_mode="off" if args.unsandboxed else "required", scheduler=args.scheduler)
     except (CourseBusy, sandbox.SandboxUnavailableError, cluster.CourseMismatch) as error:
         print(error, file=sys.stderr)
+        return 2
+    except PermissionError as error:  # a folder of someone else's: say which, never blame the engine
+        print(f"stopped: {getpass.getuser()} may not write {error.filename or 'a file'} ({error.strerror}). "
+              f"Grading writes only into the class folder ({args.course_dir}) and the grader's cache "
+              f"({cache_dir()}); notebooks merged before this are kept.", file=sys.stderr)
         return 2
     except cluster.SchedulerLost as error:
         ledger = Ledger(pathlib.Path(args.course_dir) / LEDGER)

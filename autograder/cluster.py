@@ -62,6 +62,12 @@ class CourseMismatch(RuntimeError):
     """A worker has another version of the course (code, tests, packages) than this machine."""
 
 
+# A LocalCluster's scheduler and workers serve HTTP whatever the dashboard setting; its routes would tell
+# anyone on the machine the workers' addresses, scratch folders and logs (/json/identity.json,
+# /info/main/logs.html), and Dask asks nobody who they are. The grader's cluster serves none of them.
+NO_HTTP_ROUTES = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+
+
 class SchedulerLost(RuntimeError):
     """The Dask scheduler went away in the middle of the run."""
 
@@ -351,13 +357,15 @@ class Dask:
             else:
                 self.scratch = tempfile.mkdtemp(prefix="dask-")
                 with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_WORKER_DEATHS,
-                                      "temporary-directory": self.scratch}):  # nannies' locks too
+                                      "temporary-directory": self.scratch,  # nannies' locks too
+                                      **NO_HTTP_ROUTES}):
                     self.cluster = LocalCluster(local_directory=self.scratch,
                         n_workers=self.jobs, threads_per_worker=1, processes=True,
                         # TLS with certificates made for this cluster only: Dask asks no one who connects,
                         # and another user of the machine could otherwise run code as the grader
                         security=True,
-                        host="127.0.0.1", dashboard_address=":0",  # a free port: never 8787's neighbours
+                        # its HTTP server on loopback, a free port, and answering nothing (NO_HTTP_ROUTES)
+                        host="127.0.0.1", dashboard_address="127.0.0.1:0", worker_dashboard_address=None,
                         memory_limit=0,  # each grading kernel has its own cap (autograder/kernel.py)
                         silence_logs=logging.ERROR)
                 self.client = Client(self.cluster, set_as_default=False)
@@ -477,10 +485,11 @@ class Dask:
                 outcome = Outcome(task, error=(
                     f"grading this notebook stopped {error.allowed_failures + 1} Dask workers in a row (each "
                     f"died while running it, the last {error.last_worker.address}); given up"))
-            except (FutureCancelledError, OSError) as error:
-                raise self._lost(error) from None
             except Exception as error:
-                if self.client.status != "running":
+                # the task itself raised (its status says so): that notebook's error, whatever the exception's
+                # type (a PermissionError on the worker is not a lost scheduler); anything else is the connection
+                if future.status != "error" or self.client.status != "running" or isinstance(
+                        error, FutureCancelledError):
                     raise self._lost(error) from None
                 outcome = Outcome(task, error=f"grading failed on a worker ({type(error).__name__}: {error})")
             future.release()

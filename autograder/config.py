@@ -2,7 +2,9 @@
 
 Layout: solutions/<id>/<id>.ipynb (nbgrader source) -> course/<id>/<id>.ipynb (release).
 nbgrader's working folders (gradebook, submitted, autograded, feedback) live in autograder/work/,
-which git ignores.
+which git ignores, unless a command is given another folder (`make grade GRADE_DIR=...`). What the
+grader can rebuild and keeps between runs lives in the user's own cache (`cache_dir()`): grading never
+writes into the checkout, which on a shared machine belongs to someone else.
 """
 import functools
 import os
@@ -15,6 +17,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
 COURSE_DIR = REPO_ROOT / "course"
 WORK_DIR = REPO_ROOT / "autograder" / "work"
+CACHE_ENV = "AUTOGRADER_CACHE_DIR"
 COURSE_ID = "transformers-from-the-ground-up"
 
 # A cell that runs longer than this is interrupted and the rest of the notebook still runs.
@@ -32,6 +35,26 @@ KERNEL_CPU_SECONDS = 20 * 60
 # Output kept per cell while a notebook runs (autograder/execute.py); nbgrader's LimitOutput then
 # trims what is kept to 1000 lines.
 MAX_OUTPUT_BYTES_PER_CELL = 1_000_000
+
+
+def cache_dir():
+    """The grader's cache (gradebooks generated from the sources, keyed by their digest): $AUTOGRADER_CACHE_DIR,
+    else $XDG_CACHE_HOME/transformers-course, else ~/.cache/transformers-course. Per user and outside the
+    checkout, so an instructor who may not write the course's checkout grades from a pristine install, and no
+    run of someone else's (root's tests) warms a cache that another user then relies on."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return pathlib.Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "transformers-course"
+
+
+def writable(folder):
+    """Whether this user may create `folder` (or write in it, where it exists)."""
+    folder = pathlib.Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 def assignment_ids():
@@ -52,7 +75,8 @@ def nbgrader_config(root=REPO_ROOT, source=SOLUTIONS_DIR, release=COURSE_DIR, wo
     c.CourseDirectory.autograded_directory = str(work / "autograded")
     c.CourseDirectory.feedback_directory = str(work / "feedback")
     c.CourseDirectory.db_url = f"sqlite:///{work / 'gradebook.db'}"
-    (work / "exchange").mkdir(parents=True, exist_ok=True)
+    if writable(work):  # a checkout someone else owns stays untouched (the hub's instructors use their own)
+        (work / "exchange").mkdir(parents=True, exist_ok=True)
     c.Exchange.root = str(work / "exchange")  # unused (no JupyterHub exchange), but must be writable
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.bak"]
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
@@ -111,7 +135,7 @@ def guard_environment(config):
     from autograder.kernel_manager import private_socket_folder
     course = config.CourseDirectory
     root = pathlib.Path(course.root)
-    denied = [SOLUTIONS_DIR, REPO_ROOT / "autograder" / "tests", WORK_DIR, root / "gradebooks",
+    denied = [SOLUTIONS_DIR, REPO_ROOT / "autograder" / "tests", WORK_DIR, cache_dir(), root / "gradebooks",
               pathlib.Path(course.source_directory), pathlib.Path(course.submitted_directory),
               pathlib.Path(course.autograded_directory), pathlib.Path(course.feedback_directory),
               root / "gradebook.db", root / "gradebook.db-journal", private_socket_folder()]

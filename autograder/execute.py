@@ -39,6 +39,27 @@ NOTEBOOK_TIMEOUT = ("the notebook ran past its time budget ({} s of wall-clock t
                     "look for cells that wait or loop for long")
 
 
+def code_cells(nb, assignment, skip=()):
+    """(index, label, source) of each code cell the grader reads as it would run: the student's (answer cells,
+    labelled by grade_id, and cells that are not the course's: "cell N") and the course's own (label None). A
+    cell is the course's when its source is exactly as the current source or any release had it (releases.py),
+    so a hand-in started before a fix is read as its student wrote it. Test cells and `skip` are left out."""
+    from autograder import releases
+    from autograder.grading import source_notebook
+    current = releases.course_cells(source_notebook(assignment)) if assignment else set()
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or index in skip or utils.is_grade(cell):
+            continue
+        if utils.is_solution(cell):
+            label = f"answer cell '{cell.metadata.nbgrader.get('grade_id', index)}'"
+        else:
+            course = assignment and releases.is_course_cell(assignment, "code", cell.source, current)
+            label = None if course else f"cell {index + 1}"
+        cells.append((index, label, cell.source))
+    return cells
+
+
 class GuardedExecute(PrivateSocketExecute):
 
     kernel_name = Unicode("course-grading", help="the grading kernel (autograder/kernel.py)").tag(config=True)
@@ -134,21 +155,8 @@ class GuardedExecute(PrivateSocketExecute):
         """The grader's own reading of the hand-in (autograder/integrity.py), before anything runs:
         (routes: findings that zero the notebook, {test cell index: findings that fail it})."""
         from autograder import integrity
-        from autograder.grading import source_notebook
         assignment = (resources or {}).get("nbgrader", {}).get("assignment")
-        course = set()
-        if assignment:
-            course = {cell.source.strip() for cell in source_notebook(assignment).cells
-                      if cell.cell_type == "code" and not utils.is_solution(cell) and not utils.is_grade(cell)}
-        cells = []
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or index in self._armed or utils.is_grade(cell):
-                continue
-            if utils.is_solution(cell):
-                label = f"answer cell '{cell.metadata.nbgrader.get('grade_id', index)}'"
-            else:
-                label = None if cell.source.strip() in course else f"cell {index + 1}"
-            cells.append((index, label, cell.source))
+        cells = code_cells(nb, assignment, skip=self._armed)
         routes = integrity.route_findings([(label, source) for _, label, source in cells])
         calls = {index: (ref, integrity.hidden_call_arguments(nb.cells[index].source))
                  for index, (_, ref, _) in self._armed.items()}

@@ -23,7 +23,7 @@ import warnings
 
 import nbformat
 
-from autograder.config import SOLUTIONS_DIR, WORK_DIR, assignment_ids, guard_environment, nbgrader_config
+from autograder.config import SOLUTIONS_DIR, assignment_ids, cache_dir, guard_environment, nbgrader_config
 from autograder.submissions import is_answer_cell, released_path
 
 STUDENT_ID = "selfstudy"
@@ -404,9 +404,10 @@ def generated_gradebook(assignment_id):
 
 def cached_gradebook(name, assignments, generate):
     """The gradebook.db that `generate(folder)` writes in an empty folder, made once per version of the
-    source folders of `assignments` and kept in autograder/work/generated/ as <name>-<digest>.db."""
+    source folders of `assignments` and kept in the user's cache (config.cache_dir(), never the checkout)
+    as gradebooks/<name>-<digest>.db."""
     key = hashlib.sha256(" ".join(f"{a}:{folder_digest(SOLUTIONS_DIR / a)}" for a in assignments).encode())
-    cached = WORK_DIR / "generated" / f"{name}-{key.hexdigest()[:16]}.db"
+    cached = cache_dir() / "gradebooks" / f"{name}-{key.hexdigest()[:16]}.db"
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="generate-", dir=cached.parent) as tmp:

@@ -5,15 +5,20 @@ import pathlib
 import shutil
 import tempfile
 
+import nbformat
+
+from autograder import releases
 from autograder.config import COURSE_DIR, REPO_ROOT, assignment_ids, nbgrader_config
 
 
-def release(dest=COURSE_DIR, only=None):
+def release(dest=COURSE_DIR, only=None, record=None):
     """Run `nbgrader generate_assignment` for every assignment (or those in `only`) into `dest`.
 
     The gradebook it needs is thrown away afterwards. On a full release, folders in `dest` without
-    a source are removed.
+    a source are removed. The course cells of what it releases are recorded (releases.py), unless `record`
+    is False (default: when it releases into course/).
     """
+    record = (pathlib.Path(dest).resolve() == COURSE_DIR.resolve()) if record is None else record
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
@@ -30,4 +35,8 @@ def release(dest=COURSE_DIR, only=None):
                 raise RuntimeError(f"generate_assignment {assignment_id} failed:\n{result.get('error')}")
     for stale in [] if only else sorted(set(p.name for p in dest.iterdir() if p.is_dir()) - set(assignment_ids())):
         shutil.rmtree(dest / stale)
-    return sorted(p for p in dest.glob("*/*.ipynb") if not only or p.parent.name in only)
+    released = sorted(p for p in dest.glob("*/*.ipynb") if not only or p.parent.name in only)
+    if record:   # every release's course cells, so that hand-ins from it are graded as written (releases.py)
+        for path in released:
+            releases.record(path.parent.name, nbformat.read(path, as_version=4))
+    return released

@@ -24,7 +24,7 @@ import bleach
 from nbformat.v4 import new_markdown_cell
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from autograder import grading
+from autograder import grading, releases
 
 TAGS = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "dd", "div", "dl", "dt", "em", "h1", "h2",
         "h3", "h4", "h5", "h6", "hr", "i", "li", "ol", "p", "pre", "s", "small", "span", "strong", "sub",
@@ -94,11 +94,24 @@ def make_safe(nb, course_sources):
     return nb
 
 
+class CourseCells:
+    """`source in cells`: whether a markdown or raw cell's source is one of the course's own, in the current
+    source or in any recorded release (releases.py): a hand-in from an earlier release renders as it was."""
+
+    def __init__(self, assignment_id):
+        self.assignment_id = assignment_id
+        self.current = frozenset(cell.source for cell in grading.source_notebook(assignment_id).cells
+                                 if cell.cell_type in ("markdown", "raw"))
+
+    def __contains__(self, source):
+        return source in self.current or any(
+            releases.is_course_cell(self.assignment_id, kind, source) for kind in ("markdown", "raw"))
+
+
 @functools.cache
 def course_cell_sources(assignment_id):
-    """The sources of an assignment's own markdown and raw cells (the released ones are the same)."""
-    return frozenset(cell.source for cell in grading.source_notebook(assignment_id).cells
-                     if cell.cell_type in ("markdown", "raw"))
+    """The course's own markdown and raw cells of an assignment, as `CourseCells`."""
+    return CourseCells(assignment_id)
 
 
 class SafeForViewers(NbGraderPreprocessor):

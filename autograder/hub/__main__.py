@@ -9,7 +9,7 @@ import pathlib
 import socket
 import sys
 
-from autograder.hub import instructor, setup
+from autograder.hub import instructor, limits, setup
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parent / "jupyterhub_config.py"
 
@@ -56,13 +56,21 @@ def main(argv=None):
         sub.add_argument("--home-base", help="make new users' homes here (default: useradd's, /home)")
         sub.add_argument("--group-prefix", default="course", help="groups PREFIX-students, PREFIX-instructors")
         sub.add_argument("--online", action="store_true", help="let servers reach the Hugging Face Hub")
-        sub.add_argument("assignments", nargs="*", help="assignments to release (default: all of course/)")
+        sub.add_argument("--memory-limit", help="memory of each user's server and all it starts (default 3G)")
+        sub.add_argument("--cpu-limit", type=float, help="cores' worth of CPU per user's server (default 1)")
+        sub.add_argument("--cull-idle", type=int, dest="cull_idle_seconds",
+                         help="stop a server idle this many seconds (default 3600; 0: never)")
+        sub.add_argument("--activity-interval", type=int, dest="activity_interval_seconds",
+                         help="seconds between the servers' and the proxy's activity reports (default 300)")
+        sub.add_argument("assignments", nargs="*",
+                         help="assignments to release now (default: none; release each later with `release`)")
     command("start", "start the hub that setup prepared")
     command("teardown", "stop the class's processes; delete the users, groups and folder setup created")
     # an instructor's commands read their nbgrader configuration, as nbgrader's own commands do
     sub = command("release", "(instructor) release assignments into the exchange", hub_folder=False)
     sub.add_argument("--roster", help="also put the roster's students into the gradebook")
-    sub.add_argument("assignments", nargs="*")
+    sub.add_argument("--all", action="store_true", help="every assignment of course/")
+    sub.add_argument("assignments", nargs="*", help="e.g. 04_self_attention")
     sub = command("duedate", "(instructor) set an assignment's due date in the class gradebook", hub_folder=False)
     sub.add_argument("assignment")
     sub.add_argument("when", help="ISO time, e.g. 2026-12-01T17:00+01:00 (no zone: UTC)")
@@ -71,9 +79,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.command in ("setup", "up"):
-        settings = setup.setup(args.roster, args.dir, args.ip, args.port, args.assignments or None,
-                               args.home_base, args.group_prefix, offline=not args.online)
-        print(f"hub folder ready: {settings.root}")
+        settings = setup.setup(args.roster, args.dir, args.ip, args.port, args.assignments, args.home_base,
+                               args.group_prefix, offline=not args.online, memory_limit=args.memory_limit,
+                               cpu_limit=args.cpu_limit, cull_idle_seconds=args.cull_idle_seconds,
+                               activity_interval_seconds=args.activity_interval_seconds)
+        print(f"hub folder ready: {settings.root}\n  {limits.describe()} ({settings.memory_limit} memory, "
+              f"{settings.cpu_limit:g} CPU); idle servers stopped after "
+              f"{settings.cull_idle_seconds or 'never'} s\n  released: {', '.join(args.assignments) or 'nothing yet'} "
+              "(an instructor releases the rest, one at a time: `python -m autograder.hub release NN_topic`)\n"
+              f"  as a service: {settings.root / (setup.SERVICE_NAME + '.service')} (README)")
         if args.command == "up":
             start(settings)
     elif args.command == "start":
@@ -81,14 +95,25 @@ def main(argv=None):
     elif args.command == "teardown":
         setup.remove(args.dir)
     elif args.command == "release":
-        print("\n".join(instructor.release(args.assignments, args.roster)))
+        if not args.assignments and not args.all and not args.roster:
+            parser.error("name the assignments to release (e.g. 04_self_attention), or --all")
+        from autograder.config import assignment_ids
+        print("\n".join(instructor.release(assignment_ids() if args.all else args.assignments, args.roster)))
     elif args.command == "duedate":
         print(f"{args.assignment} is due {instructor.set_duedate(args.assignment, args.when)} UTC")
     elif args.command == "release-feedback":
-        released = instructor.release_feedback(args.assignment)
+        released, missing = instructor.release_feedback(args.assignment)
         for student, (files, late) in released.items():
             print(f"{student}: {', '.join(files)} ({f'handed in {late:.0f} s late' if late else 'on time'})")
-        print(f"feedback on {args.assignment} released to {len(released)} students")
+        for line in missing:
+            print(line, file=sys.stderr)
+        print(f"feedback on {args.assignment} released to {len(released)} of {len(released) + len(missing)} "
+              "students who handed it in")
+        if not released:
+            print("nothing was released: " + ("see above" if missing else
+                  f"no hand-in of {args.assignment} was collected and graded yet (`nbgrader collect "
+                  f"{args.assignment}`, then `make grade`)"), file=sys.stderr)
+            return 1
     return 0
 
 

@@ -40,8 +40,8 @@ def class_folder(config):
 
 
 def release(assignments, roster=None):
-    """Release each assignment of course/ (all by default) into the exchange, unless it is there; put
-    the roster's students into the class gradebook. Returns lines to print."""
+    """Release each of `assignments` (ids of course/) into the exchange, unless it is there; put the
+    roster's students into the class gradebook. Returns lines to print."""
     from nbgrader.api import Gradebook
 
     from autograder.config import assignment_ids
@@ -49,7 +49,10 @@ def release(assignments, roster=None):
     nbgrader, config = api()
     outbound = pathlib.Path(config.Exchange.root) / config.CourseDirectory.course_id / "outbound"
     lines = []
-    for assignment in assignments or assignment_ids():
+    unknown = sorted(set(assignments) - set(assignment_ids()))
+    if unknown:
+        raise SystemExit(f"not assignments of this course: {', '.join(unknown)} (it has {', '.join(assignment_ids())})")
+    for assignment in assignments:
         if (outbound / assignment).is_dir():
             lines.append(f"{assignment}: already released (nbgrader release_assignment --force replaces it)")
             continue
@@ -87,25 +90,47 @@ def set_duedate(assignment, when):
 
 def release_feedback(assignment):
     """Release the feedback `make grade` wrote for `assignment` to the students who handed it in.
-    Returns {student: (feedback files released, seconds late by the gradebook's due date)}."""
+    Returns ({student: (feedback files released, seconds late by the gradebook's due date)}, [a line for
+    each student who handed it in and gets nothing, saying why])."""
     nbgrader, config = api()
     feedback_root = pathlib.Path(config.CourseDirectory.feedback_directory)
     submitted_root = pathlib.Path(config.CourseDirectory.submitted_directory)
-    released = {}
-    for folder in sorted(feedback_root.glob(f"*/{assignment}")):
-        student = folder.parent.name
-        handed_in = submitted_root / student / assignment
+    released, missing = {}, []
+    for handed_in in sorted(submitted_root.glob(f"*/{assignment}")):
+        student = handed_in.parent.name
+        folder = feedback_root / student / assignment
         if not all((handed_in / name).exists() for name in SUBMISSION_FILES):
             continue  # not collected from this hub's exchange (a zip, a folder): nothing to release to
+        if not list(folder.glob("*.html")):
+            missing.append(f"{student}: no feedback page in {folder} (was the collected hand-in graded? "
+                           f"`make grade SUBMISSIONS={submitted_root} GRADE_DIR={class_folder(config)}`)")
+            continue
         for name in SUBMISSION_FILES:
             shutil.copyfile(handed_in / name, folder / name)
         released[student] = sorted(p.name for p in folder.glob("*.html"))
-    result = nbgrader.release_feedback(assignment)
-    if not result["success"]:
-        raise RuntimeError(f"nbgrader release_feedback {assignment} failed:\n{result.get('log', '')}\n"
-                           f"{result.get('error', '')}")
+    if released:
+        result = nbgrader.release_feedback(assignment)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader release_feedback {assignment} failed:\n{result.get('log', '')}\n"
+                               f"{result.get('error', '')}")
+    for student in list(released):   # what arrived where the student fetches it, not what was meant to
+        if not all(exchange_feedback(config, student, assignment, html).is_file() for html in released[student]):
+            del released[student]
+            missing.append(f"{student}: their feedback folder in the exchange is missing or not yours to write "
+                           "(add them to the class: `python -m autograder.hub setup` with the roster, as root)")
     late = {student: seconds for student, _, seconds in late_report(assignment, config)}
-    return {student: (files, late.get(student, 0.0)) for student, files in released.items()}
+    return {student: (files, late.get(student, 0.0)) for student, files in released.items()}, missing
+
+
+def exchange_feedback(config, student, assignment, html_name):
+    """Where a student fetches the feedback page `html_name` of their collected hand-in (exchange.py)."""
+    from nbgrader.utils import notebook_hash
+
+    from autograder.hub.exchange import course_folders
+    secret = (pathlib.Path(config.CourseDirectory.submitted_directory) / student / assignment
+              / "submission_secret.txt").read_text()
+    _, _, feedback = course_folders(config.Exchange.root, config.CourseDirectory.course_id)
+    return feedback / student / f"{notebook_hash(secret=secret, notebook_id=pathlib.Path(html_name).stem)}.html"
 
 
 def late_report(assignment, config):

@@ -33,3 +33,24 @@ c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 90
 c.Spawner.http_timeout = 90
 c.JupyterHub.cleanup_servers = True  # stopping the hub stops every server it started
+
+# Instructors run the class from the hub's admin page (/hub/admin): they see every user and their server's
+# activity, and start or stop servers. They never enter a student's server (no access:servers): a student's
+# files stay the student's.
+c.JupyterHub.load_roles = [
+    {"name": "course-instructor", "description": "Instructors: see the class, start and stop its servers",
+     "scopes": ["admin-ui", "list:users", "read:users", "read:users:activity", "read:servers", "servers",
+                "read:groups", "list:groups"],
+     "users": list(settings.instructors)},
+    {"name": "idle-culler", "description": "Stops servers nobody has used for a while",
+     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+     "services": ["idle-culler"]},
+]
+# Idle servers are stopped (jupyterhub-idle-culler, a service of the hub's): a class on one machine cannot
+# keep everyone's kernels in memory all week. The servers and the proxy report activity at the same pace.
+c.JupyterHub.last_activity_interval = settings.activity_interval_seconds
+c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(settings.activity_interval_seconds)}
+if settings.cull_idle_seconds:
+    c.JupyterHub.services = [{"name": "idle-culler", "command": [
+        sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.cull_idle_seconds}",
+        f"--cull-every={max(5, min(300, settings.cull_idle_seconds // 4))}"]}]

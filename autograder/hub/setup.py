@@ -6,11 +6,13 @@ hub's folder (default /srv/transformers-course-hub):
     hub.json            the settings below (no secrets), read by the hub and by instructors' nbgrader
     state/       0700   the hub's database, cookie secret, proxy pid, log; passwords.csv (initial
                         passwords to hand out) and created.json (what teardown removes)
-    exchange/    1777   nbgrader's exchange; <course id>/ belongs to the first instructor (inbound
-                        2733: students drop submissions in, cannot list them; feedback 0711)
+    exchange/    0755   nbgrader's exchange; <course id>/ belongs to the first instructor, laid out so
+                        that a hand-in belongs to its sender (exchange.py: inbound/<student>/ and
+                        feedback/<student>/, each readable by that student and the instructors only)
     config/student/     Jupyter configuration of students' servers: the course and exchange for the
                         Assignments tab; formgrader and create-assignment off (server and lab)
     config/instructor/  instructors' servers: everything of nbgrader on
+    transformers-course-hub.service   a systemd unit that runs this hub as a service (README)
 Each instructor gets ~/course (nbgrader's course: submissions collected into ~/course/submitted) and
 ~/grading (`make grade GRADE_DIR=~/grading`: gradebook, autograded notebooks, feedback, grades.csv),
 with ~/.jupyter/nbgrader_config.py pointing formgrader at both.
@@ -28,13 +30,15 @@ import subprocess
 import sys
 
 from autograder.config import COURSE_DIR, COURSE_ID, REPO_ROOT, SOLUTIONS_DIR
-from autograder.hub import view
+from autograder.hub import limits, view
+from autograder.hub.exchange import EXCHANGE_PLUGINS, course_folders
 from autograder.hub.roster import read_roster
 
 DEFAULT_DIR = pathlib.Path("/srv/transformers-course-hub")
 # JupyterHub's proxy, which `make hub-env` installs from autograder/hub/package-lock.json
 PROXY = REPO_ROOT / ".venv" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 HUB_DIR_ENV = "COURSE_HUB_DIR"
+CHECKOUT_ENV = "TRANSFORMERS_COURSE"
 FIRST_LOGIN_UID = 1000  # below: system accounts, never adopted from a roster
 # What a student's server must not see (view.py covers them): the answers and what reveals them.
 STUDENT_HIDDEN = ["solutions", ".git", "autograder/tests", "autograder/demo_class", "autograder/judges",
@@ -46,6 +50,9 @@ INSTRUCTOR_ONLY_LAB = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create
                        "@jupyter/nbgrader:course-list"]
 # A classroom's lab asks nobody about Jupyter's news and fetches nothing from jupyter.org.
 LAB_DEFAULTS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+# Login shells (`su -`, ssh) of the class's users find the course's Python through this file (teardown removes it).
+PROFILE_SCRIPT = pathlib.Path("/etc/profile.d/transformers-course.sh")
+SERVICE_NAME = "transformers-course-hub"
 
 
 @dataclasses.dataclass
@@ -60,6 +67,16 @@ class Settings:
     instructor_group: str = "course-instructors"
     offline: bool = True      # HF_HUB_OFFLINE=1 in every server: a classroom needs no network
     views: dict = dataclasses.field(default_factory=dict)
+    checkout: str = str(REPO_ROOT)   # the course's checkout (`make -C $TRANSFORMERS_COURSE grade ...`)
+    memory_limit: str = "3G"         # per user's server and everything it starts (limits.py)
+    cpu_limit: float = 1.0
+    pids_limit: int = 1024
+    cull_idle_seconds: int = 3600    # a server idle this long is stopped (jupyterhub-idle-culler); 0: never
+    activity_interval_seconds: int = 300   # how often servers and the proxy report activity to the hub
+
+    @property
+    def limits(self):
+        return limits.Limits.parse(self.memory_limit, self.cpu_limit, self.pids_limit)
 
     @property
     def root(self):
@@ -97,7 +114,8 @@ class Settings:
     def load(cls, folder=None):
         folder = pathlib.Path(folder or os.environ.get(HUB_DIR_ENV) or DEFAULT_DIR)
         try:
-            return cls(**json.loads((folder / "hub.json").read_text()))
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in json.loads((folder / "hub.json").read_text()).items() if k in known})
         except FileNotFoundError:
             raise SystemExit(f"{folder} holds no hub: run `python -m autograder.hub setup` (or `make hub`) "
                              "first") from None
@@ -131,6 +149,7 @@ def server_environment(settings, username):
            "LANG": os.environ.get("LANG", "C.UTF-8"),
            "JUPYTER_CONFIG_PATH": str(settings.config_dir(settings.role(username))),
            HUB_DIR_ENV: str(settings.root),  # for `python -m autograder.hub` in an instructor's terminal
+           CHECKOUT_ENV: settings.checkout,   # make -C $TRANSFORMERS_COURSE grade ...
            "PYTHONDONTWRITEBYTECODE": "1"}  # the course's code is read-only for them
     if settings.offline:
         env["HF_HUB_OFFLINE"] = "1"
@@ -190,9 +209,24 @@ def ensure_users(settings, members, home_base, created):
     return passwords
 
 
+def own_group(username, settings, created):
+    """A group that holds `username` alone (the student's feedback folder is readable by it): their private
+    group where useradd made one, else one made here."""
+    entry = pwd.getpwnam(username)
+    primary = grp.getgrgid(entry.pw_gid)
+    if primary.gr_name == username and set(primary.gr_mem) <= {username}:
+        return primary.gr_name
+    name = f"{username[:27]}-self"
+    if not group_exists(name):
+        _run(["groupadd", name])
+        created["groups"].append(name)
+    _run(["usermod", "--append", "--groups", name, username])
+    return name
+
+
 def remove(settings_dir):
     """Undo setup: stop what the hub's users still run, delete the users and groups setup created
-    (never others), and the hub's folder."""
+    (never others), their cgroups, the login-shell profile, and the hub's folder."""
     folder = pathlib.Path(settings_dir)
     created_file = folder / "state" / "created.json"
     created = json.loads(created_file.read_text()) if created_file.exists() else {"users": [], "groups": []}
@@ -207,6 +241,12 @@ def remove(settings_dir):
     for name in created["groups"]:
         if group_exists(name):
             subprocess.run(["groupdel", name], capture_output=True)
+    for user in created["users"]:
+        for parent in limits.parents().values():
+            with contextlib.suppress(OSError):
+                (parent / user).rmdir()
+    if created.get("profile") and PROFILE_SCRIPT.exists():
+        PROFILE_SCRIPT.unlink()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -236,10 +276,12 @@ def write_role_configs(settings):
         (folder / "labconfig" / "default_setting_overrides.json").write_text(json.dumps(LAB_DEFAULTS, indent=2) + "\n")
         if off:  # instructors read theirs from ~/.jupyter (instructor_nbgrader_config)
             (folder / "nbgrader_config.py").write_text(
-                "# Students' nbgrader (the Assignments tab): the course and nbgrader's exchange on this hub.\n"
+                "# Students' nbgrader (the Assignments tab): the course and its exchange on this hub, whose\n"
+                "# plugins hand in as the server's own user (autograder/hub/exchange.py).\n"
                 "c = get_config()  # noqa: F821 (provided by traitlets)\n"
                 f"c.CourseDirectory.course_id = {settings.course_id!r}\n"
-                f"c.Exchange.root = {str(settings.exchange)!r}\n")
+                f"c.Exchange.root = {str(settings.exchange)!r}\n"
+                + "".join(f"c.ExchangeFactory.{name} = {cls!r}\n" for name, cls in EXCHANGE_PLUGINS.items()))
         for path in [folder, *folder.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
 
@@ -256,6 +298,8 @@ def instructor_nbgrader_config(home, hub_dir=None):
     config.CourseDirectory.course_id = settings.course_id
     config.CourseDirectory.submitted_directory = str(home / "course" / "submitted")
     config.Exchange.root = str(settings.exchange)
+    for name, cls in EXCHANGE_PLUGINS.items():
+        setattr(config.ExchangeFactory, name, cls)
     return config
 
 
@@ -281,10 +325,12 @@ def prepare_instructor(settings, username):
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
-def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignments=None, home_base=None,
-          group_prefix="course", offline=True):
+def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignments=(), home_base=None,
+          group_prefix="course", offline=True, **options):
     """Everything `make hub` needs before the hub starts; returns the Settings. Safe to run again
-    (a new roster adds users; existing users keep their passwords)."""
+    (a new roster adds users; existing users keep their passwords). Releases `assignments` only (none by
+    default: an instructor releases each when its week comes, `python -m autograder.hub release NN`).
+    `options`: Settings' limits and culler (memory_limit, cpu_limit, pids_limit, cull_idle_seconds, ...)."""
     if os.geteuid() != 0:
         raise SystemExit("the hub's setup creates system users and starts servers as them: run it as root "
                          "(sudo make hub)")
@@ -298,13 +344,14 @@ def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignment
                         students=[m.username for m in members if m.role == "student"],
                         instructors=[m.username for m in members if m.role == "instructor"],
                         student_group=f"{group_prefix}-students", instructor_group=f"{group_prefix}-instructors",
-                        offline=offline)
+                        offline=offline, **{k: v for k, v in options.items() if v is not None})
+    settings.limits  # noqa: B018  (a limit that does not parse fails here, before anything is made)
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     settings.state.mkdir(mode=0o700, exist_ok=True)
     settings.state.chmod(0o700)
     settings.exchange.mkdir(exist_ok=True)
-    settings.exchange.chmod(0o1777)  # nbgrader: writable by all; sticky: nobody renames the course's folder
+    settings.exchange.chmod(0o755)   # only the course's folder in it, made below; nobody else adds anything
     settings.views = views(settings)
 
     created_file = settings.state / "created.json"
@@ -323,17 +370,100 @@ def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignment
     write_role_configs(settings)
     for name in settings.instructors:
         prepare_instructor(settings, name)
+    prepare_exchange(settings, created)
+    created["profile"] = write_login_profile(settings)
+    created_file.write_text(json.dumps(created, indent=2) + "\n")
+    write_service_unit(settings)
     settings.save()
     release(settings, assignments, roster_path)
     return settings
 
 
+def prepare_exchange(settings, created):
+    """The course's folder in the exchange, laid out so that a hand-in belongs to its sender (exchange.py):
+    inbound/<student>/ (the student's, read by the instructors) and feedback/<student>/ (the owner's, read by
+    that student alone). Made again on every setup, so a student added later gets theirs."""
+    owner = pwd.getpwnam(settings.owner)
+    instructors = grp.getgrnam(settings.instructor_group).gr_gid
+    course, inbound, feedback = course_folders(settings.exchange, settings.course_id)
+    for folder, mode in ((course, 0o755), (course / "outbound", 0o755), (inbound, 0o711), (feedback, 0o711)):
+        folder.mkdir(exist_ok=True)
+        os.chown(folder, owner.pw_uid, owner.pw_gid)
+        folder.chmod(mode)
+    for student in settings.students:
+        entry = pwd.getpwnam(student)
+        own = grp.getgrnam(own_group(student, settings, created)).gr_gid
+        for folder, uid, gid in ((inbound / student, entry.pw_uid, instructors), (feedback / student, owner.pw_uid, own)):
+            folder.mkdir(exist_ok=True)
+            os.chown(folder, uid, gid)
+            folder.chmod(0o2750)
+
+
+LOGIN_PROFILE = """\
+# Written by `python -m autograder.hub setup` (teardown removes it): the class's users find the course's
+# Python in login shells (su -, ssh) too. Where it lies under a folder they may not enter, only the hub's
+# terminals reach it (they see it through their server's view of the files).
+if id -nG 2>/dev/null | tr ' ' '\\n' | grep -qx -e {students} -e {instructors}; then
+    export {checkout_env}={checkout}
+    export {hub_env}={hub}
+    if [ -x {bin}/python ]; then
+        PATH={bin}:$PATH
+    else
+        echo "note: the course's Python ({bin}) is reachable in the hub's terminals only (File > New > Terminal)" >&2
+    fi
+fi
+"""
+
+
+def write_login_profile(settings):
+    """/etc/profile.d/transformers-course.sh, where the machine has that folder; returns whether it wrote it."""
+    if not PROFILE_SCRIPT.parent.is_dir():
+        return False
+    PROFILE_SCRIPT.write_text(LOGIN_PROFILE.format(
+        students=settings.student_group, instructors=settings.instructor_group, checkout_env=CHECKOUT_ENV,
+        checkout=settings.checkout, hub_env=HUB_DIR_ENV, hub=settings.root, bin=pathlib.Path(sys.prefix) / "bin"))
+    PROFILE_SCRIPT.chmod(0o644)
+    return True
+
+
+SERVICE_UNIT = """\
+# The class's hub as a service that starts at boot and comes back when it stops: copy this file to
+# /etc/systemd/system/, then `systemctl daemon-reload && systemctl enable --now {name}`.
+# Written by `python -m autograder.hub setup`; its settings are in {hub}/hub.json.
+[Unit]
+Description=JupyterHub for the course "Transformers from the ground up" ({hub})
+After=network.target
+
+[Service]
+User=root
+WorkingDirectory={checkout}
+Environment=PYTHONDONTWRITEBYTECODE=1
+ExecStart={python} -m autograder.hub start --dir {hub}
+Restart=on-failure
+RestartSec=5
+KillMode=mixed
+TimeoutStopSec=30
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def write_service_unit(settings):
+    path = settings.root / f"{SERVICE_NAME}.service"
+    path.write_text(SERVICE_UNIT.format(name=SERVICE_NAME, hub=settings.root, checkout=settings.checkout,
+                                        python=pathlib.Path(sys.prefix) / "bin" / "python"))
+    path.chmod(0o644)
+    return path
+
+
 def release(settings, assignments, roster_path=None):
-    """Release `assignments` (default: all of course/) into the exchange as the course's owner, with
-    nbgrader's own release_assignment, and put the roster's students into its gradebook."""
+    """Release `assignments` (none: only the roster's students go into the gradebook) into the exchange as
+    the course's owner, with nbgrader's own release_assignment."""
+    if not assignments and not roster_path:
+        return ""
     argv = [sys.executable, "-m", "autograder.hub", "release",
-            *(["--roster", str(pathlib.Path(roster_path).resolve())] if roster_path else []),
-            *(assignments or [])]
+            *(["--roster", str(pathlib.Path(roster_path).resolve())] if roster_path else []), *assignments]
     if roster_path:  # the owner must be able to read it: hand over a copy
         owner = pwd.getpwnam(settings.owner)
         copy = pathlib.Path(owner.pw_dir) / "course" / "roster.csv"

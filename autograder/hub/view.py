@@ -11,7 +11,9 @@ user; the same as `unshare --mount` and `mount` in a shell, without the programs
   tmpfs mounts that only root could open (Unix permissions keep other homes and the instructors'
   course folders closed too);
 - /tmp is a private tmpfs, so one user's temporary files (Dask's scratch folder, a kernel's) never
-  meet another's.
+  meet another's;
+- /proc is a procfs of its own with `hidepid=invisible`: `ps` and /proc show the user their own processes
+  only, never a classmate's kernels or the command lines of an instructor's grading.
 Mounts made by root are locked in a namespace the user makes later (a user namespace of their own
 cannot unmount them to look underneath), and the user has no capability to change them.
 """
@@ -22,7 +24,7 @@ import pathlib
 import stat
 
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 PRIVATE_TMP_SIZE = "2g"
 
 
@@ -33,6 +35,7 @@ class View:
     keep: list                       # ... with these folders inside them bound back
     hide: list                       # covered by an empty tmpfs that only root may enter
     private_tmp: bool = True
+    hide_processes: bool = True      # /proc shows the user's own processes only
 
     def to_json(self):
         return dataclasses.asdict(self)
@@ -96,6 +99,8 @@ def enter(view):
             _mount(libc, "/dev/null", path, None, MS_BIND)
     if view["private_tmp"]:
         _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={PRIVATE_TMP_SIZE}")
+    if view.get("hide_processes", True):  # a procfs instance of this namespace's own (Linux 5.8+: options per mount)
+        _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
 
 
 def preexec(view, then=None):

@@ -195,3 +195,33 @@ def test_the_local_cluster_lets_no_one_else_run_code_as_the_grader():
         refused(engine.address, (OSError, TimeoutError, TypeError))  # TLS without certificates: refused at once
         # certificates of one's own: the cluster's CA refuses them
         refused(engine.address, (OSError, TimeoutError), security=Security.temporary())
+
+
+def test_the_local_clusters_http_server_tells_nobody_anything():
+    """`make grade JOBS=N`'s LocalCluster: its scheduler's HTTP server listens on loopback only and answers
+    nothing (cluster.NO_HTTP_ROUTES). Control: Dask's default routes, on a cluster of the same settings,
+    give anyone on the machine the workers' addresses and scratch folders (/json/identity.json)."""
+    import urllib.error
+    import urllib.request
+
+    import dask
+    from distributed import LocalCluster
+
+    def identity(cluster_):
+        address = cluster_.scheduler.http_server._sockets
+        host, port = next(iter(address.values())).getsockname()[:2]
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/json/identity.json", timeout=10) as reply:
+                return host, reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            return host, error.code, b""
+
+    with cluster.Dask(jobs=1, quiet=True) as engine:
+        host, status, body = identity(engine.cluster)
+    assert host == "127.0.0.1", f"the grader's cluster serves HTTP on {host}, beyond this machine"
+    assert status == 404 and b"workers" not in body, f"the grader's cluster answers /json/identity.json ({status})"
+    with dask.config.set({"distributed.scheduler.http.routes": dask.config.get("distributed.scheduler.http.routes")}):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp",
+                          dashboard_address="127.0.0.1:0") as control:
+            _, status, body = identity(control)
+    assert status == 200 and b"workers" in body, f"control: Dask's own routes should answer ({status})"

@@ -12,7 +12,13 @@ a step fails. Three browsers (one per user) then do what a class does:
   else's; a student cannot list or read the exchange's submissions and feedback, other homes, the
   instructor's course, the answers (solutions/, the git history) or the hub's state, neither in a
   terminal nor through the server's API; formgrader is the instructor's only.
-Also: `make lab` starts as root, with its note (JupyterLab refuses root without --allow-root).
+The instructor is an unprivileged user on a checkout they may not write, with no cache of their own (a
+pristine install, as a new instructor has it): their grading writes nothing into the checkout (asserted).
+ben also tries things from his terminal: a hand-in in ada's name (inbound is closed; one in his own folder is
+set aside and reported, never ada's), `ps` (he sees his own processes only), the hub's user list (the
+instructors' admin page is theirs). A third student, cy, logs in and leaves: the idle culler stops her server.
+Also: `make lab` starts as root, with its note (JupyterLab refuses root without --allow-root); a memory bomb
+in a user's cgroup is killed there and nowhere else (limits.py), with a control.
 Screenshots, logs and timings.json go to test-artifacts/hub/.
 """
 import contextlib
@@ -50,6 +56,7 @@ HUB_UP_BUDGET_S = 60
 LOOP_BUDGET_S = 180
 GRADING_TIMEOUT_S = 600  # a guard against a hang, not the budget (LOOP_BUDGET_S)
 UI_TIMEOUT_MS = 60_000
+CULL_IDLE_S = 45
 SCORE_LINE = re.compile(r"\(Score: ([\d.]+) / ([\d.]+)\)")   # nbgrader's feedback: "(Score: 9.0 / 14.0)"
 
 
@@ -61,11 +68,13 @@ class Hub:
         suffix = secrets.token_hex(3)
         self.folder = pathlib.Path(tempfile.mkdtemp(prefix="course-hub-", dir="/var/tmp"))  # not /tmp: servers get a private one
         self.folder.chmod(0o755)
-        self.ada, self.ben, self.prof = f"ada-{suffix}", f"ben-{suffix}", f"prof-{suffix}"
+        self.ada, self.ben, self.cy, self.prof = (f"ada-{suffix}", f"ben-{suffix}", f"cy-{suffix}",
+                                                  f"prof-{suffix}")
         self.roster = self.folder.parent / f"{self.folder.name}-roster.csv"
         self.roster.write_text("username,role,first_name,last_name,email,section,sis_user_id\n"
                                f"{self.ada},student,Ada,Lovelace,ada@example.org,A,S1\n"
                                f"{self.ben},student,Ben,Okafor,ben@example.org,A,S2\n"
+                               f"{self.cy},student,Cy,Young,cy@example.org,A,S3\n"
                                f"{self.prof},instructor,Grace,Hopper,,,\n")
         self.group_prefix = f"hubtest-{suffix}"
         self.port = free_port()
@@ -75,9 +84,10 @@ class Hub:
 
     def start(self):
         self.log = open(self.log_path, "w")
+        # cy's idle server is culled within the loop; activity is reported every 10 s so that nobody active is
         command = ["make", "--no-print-directory", "hub", f"ROSTER={self.roster}", f"HUB_DIR={self.folder}",
-                   f"HUB_PORT={self.port}", f"HUB_ARGS=--home-base {self.folder / 'home'} "
-                   f"--group-prefix {self.group_prefix} {ASSIGNMENT}"]
+                   f"HUB_PORT={self.port}", f"RELEASE={ASSIGNMENT}", f"HUB_ARGS=--home-base {self.folder / 'home'} "
+                   f"--group-prefix {self.group_prefix} --cull-idle {CULL_IDLE_S} --activity-interval 10"]
         self.launched = time.perf_counter()
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -105,6 +115,10 @@ class Hub:
 
     def home(self, user):
         return self.folder / "home" / user
+
+    def uid(self, user):
+        import pwd
+        return pwd.getpwnam(user).pw_uid
 
     def stop(self):
         """SIGTERM to make's process group lets JupyterHub stop every server and its proxy; whatever is
@@ -257,7 +271,7 @@ def browsers(hub):
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         try:
             pages = {}
-            for user in (hub.ada, hub.ben, hub.prof):  # one context each: their own cookies
+            for user in (hub.ada, hub.ben, hub.cy, hub.prof):  # one context each: their own cookies
                 context = chromium.new_context(viewport={"width": 1440, "height": 900})
                 page = context.new_page()
                 page.set_default_timeout(UI_TIMEOUT_MS)
@@ -265,6 +279,12 @@ def browsers(hub):
             yield pages
         finally:
             chromium.close()
+
+
+def _uid_of(status_path):
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        return int(next(l for l in status_path.read_text().splitlines() if l.startswith("Uid:")).split()[1])
+    return None
 
 
 def submission_time(hub, user):
@@ -286,7 +306,7 @@ def feedback_html(browser):
 # ----------------------------------------------------------------------------------------- the loop
 def test_class_loop_on_jupyterhub(hub, browsers):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    ada, ben, prof = browsers[hub.ada], browsers[hub.ben], browsers[hub.prof]
+    ada, ben, cy, prof = browsers[hub.ada], browsers[hub.ben], browsers[hub.cy], browsers[hub.prof]
     timings = {}
     reference = reference_answers(ASSIGNMENT)
     answers = {hub.ada: reference, hub.ben: {**reference, **MUTANT.answers}}
@@ -297,13 +317,18 @@ def test_class_loop_on_jupyterhub(hub, browsers):
         loads = [os.getloadavg()[0]]
 
         # -- everyone logs in at once (the hub starts three servers side by side)
-        for user in (ada, ben, prof):
+        for user in (ada, ben, cy, prof):
             with user.step("log in"):
                 user.log_in()
-        for user in (ada, ben, prof):
+        for user in (ada, ben, cy, prof):
             with user.step("lab usable"):
                 user.wait_for_lab()
         timings["all_logged_in_s"] = round(time.perf_counter() - loop_start, 2)
+        with cy.step("cy leaves (her page closed): nothing of hers is active"):
+            cy.page.close()
+        with prof.step("make hub released only what it was told"):
+            outbound = hub.settings.exchange / hub.settings.course_id / "outbound"
+            assert sorted(p.name for p in outbound.iterdir()) == [ASSIGNMENT], sorted(outbound.iterdir())
         # -- the students: fetch, answer, save, submit; the deadline falls between the two hand-ins
         for student in (ada, ben):
             with student.step("formgrader is not a student's"):
@@ -339,15 +364,40 @@ def test_class_loop_on_jupyterhub(hub, browsers):
                     assert code == 0, f"setting the due date failed:\n{log}"
         timings["students_submitted_s"] = round(time.perf_counter() - loop_start, 2)
 
+        # -- ben tries things from his terminal: a hand-in in ada's name, other users' processes, the class list
+        with ben.step("ben's attacks from his terminal", timing="attacks_s"):
+            inbound = hub.settings.exchange / hub.settings.course_id / "inbound"
+            own_hand_in = next((inbound / hub.ben).iterdir())   # as root: the name ben's submit chose
+            forged = f"{hub.ada}+{ASSIGNMENT}+2099-01-01 00:00:00.000000 UTC+AAAAAAAAAAAA"
+            code, log = ben.terminal(
+                f"mkdir '{inbound}/{forged}' && echo TOP-OPEN; mkdir '{inbound / hub.ada}/{forged}' && echo ADA-OPEN; "
+                f"cp -r '{own_hand_in}' '{inbound / hub.ben}/{forged}' && echo OWN-FORGED; "
+                "ps -eo uid= | sort -u; echo PS-DONE", "attacks", 60)
+            assert "TOP-OPEN" not in log and "ADA-OPEN" not in log, f"ben wrote into inbound or ada's folder:\n{log}"
+            assert "OWN-FORGED" in log, f"ben could not copy his own hand-in (the attack below is void):\n{log}"
+            users = log.split("PS-DONE")[0].split("OWN-FORGED")[-1].split()
+            assert users == [str(hub.uid(hub.ben))], f"ben's `ps` shows other users' processes: {users}"
+            assert ben.page.request.get(f"{hub.url}/hub/api/users").status == 403, "a student lists the class"
+
         # -- the instructor: collect, grade with make grade (Dask, sandboxed), release, export
         with prof.step("formgrader is the instructor's"):
             assert "Formgrader" in prof.menu_items("Nbgrader")
             assert prof.api_get("formgrader") == 200, "the instructor's server does not serve formgrader"
+        with prof.step("the instructor administers the class from the hub"):
+            reply = prof.page.request.get(f"{hub.url}/hub/api/users")
+            assert reply.status == 200 and {hub.ada, hub.ben}.issubset({u["name"] for u in reply.json()}), reply.status
+            assert prof.page.request.get(f"{hub.url}/hub/admin").status == 200, "the admin page is the instructor's"
+        with prof.step("a pristine install: the instructor's cache is empty, the checkout not theirs to write"):
+            assert not (hub.home(hub.prof) / ".cache" / "transformers-course").exists(), (
+                "the instructor already has a grading cache: this test must start where a new instructor does")
+            assert os.stat(REPO_ROOT).st_uid != hub.uid(hub.prof) and not os.stat(REPO_ROOT).st_mode & 0o002
         with prof.step("collect, make grade, release feedback", timing="grade_and_release_s"):
             roster = hub.home(hub.prof) / "course" / "roster.csv"
+            # exactly the README's commands: $TRANSFORMERS_COURSE is the checkout the hub runs from
             code, log = prof.terminal(
                 f"cd ~/course && nbgrader collect {ASSIGNMENT} && "
-                f"make -C {REPO_ROOT} grade SUBMISSIONS=$HOME/course/submitted GRADE_DIR=$HOME/grading JOBS=2 && "
+                f"make -C \"$TRANSFORMERS_COURSE\" grade SUBMISSIONS=$HOME/course/submitted GRADE_DIR=$HOME/grading "
+                "JOBS=2 && "
                 f"python -m autograder.hub release-feedback {ASSIGNMENT} && "
                 f"python -m autograder.lms_export --roster {roster} --class-dir ~/grading --canvas ~/canvas.csv",
                 "loop", GRADING_TIMEOUT_S)
@@ -355,6 +405,13 @@ def test_class_loop_on_jupyterhub(hub, browsers):
             prof.screenshot("graded")
             # make grade refuses to grade outside the OS sandbox (no --unsandboxed here): 0 means sandboxed
             assert code == 0, f"the instructor's commands failed:\n{log[-4000:]}"
+            written = [str(p) for p in REPO_ROOT.rglob("*")
+                       if not p.is_symlink() and p.lstat().st_uid == hub.uid(hub.prof)]
+            assert not written, f"the instructor's commands wrote into the checkout: {written[:10]}"
+            assert (hub.home(hub.prof) / ".cache" / "transformers-course").is_dir(), "the grader's cache is the instructor's"
+            report = (hub.home(hub.prof) / "grading" / "report.txt").read_text()
+            assert f"{hub.ben}: REVIEW set aside at collect" in report and "under the name of" in report, (
+                f"the hand-in ben forged in ada's name should be named in the grading report:\n{report}")
         with prof.step("grades: ada full marks, ben partial and late"):
             grading = hub.home(hub.prof) / "grading"
             ledger = {(e["student"], e["assignment"]): e for e in
@@ -409,19 +466,23 @@ def test_class_loop_on_jupyterhub(hub, browsers):
         with ben.step("a student cannot read others' work or the answers", timing="access_probes_s"):
             settings = hub.settings
             course = settings.exchange / settings.course_id
-            submissions = sorted(p.name for p in (course / "inbound").iterdir())
-            assert len(submissions) == 2 and all(re.fullmatch(
-                rf"[a-z0-9-]+\+{ASSIGNMENT}\+[^+]+\+[A-Za-z0-9_-]{{12}}", name) for name in submissions), (
-                f"each submission should sit under a name with 12 random characters: {submissions}")
-            closed = {"list": [course / "inbound", course / "feedback", hub.home(hub.ada), hub.home(hub.prof),
+            folders = sorted(p.name for p in (course / "inbound").iterdir())
+            assert folders == sorted([hub.ada, hub.ben, hub.cy]), f"one hand-in folder per student: {folders}"
+            ada_hand_in = next((course / "inbound" / hub.ada).iterdir())
+            assert re.fullmatch(rf"{re.escape(hub.ada)}\+{ASSIGNMENT}\+[^+]+\+[A-Za-z0-9_-]{{12}}", ada_hand_in.name), (
+                ada_hand_in.name)
+            closed = {"list": [course / "inbound", course / "feedback", course / "inbound" / hub.ada,
+                               course / "feedback" / hub.ada, hub.home(hub.ada), hub.home(hub.prof),
                                REPO_ROOT / ".git", REPO_ROOT / "solutions", REPO_ROOT / "autograder" / "demo_class",
                                REPO_ROOT / "autograder" / "tests", settings.state],
                       "read": [hub.home(hub.ada) / ASSIGNMENT / f"{ASSIGNMENT}.ipynb",
+                               ada_hand_in / "submission_secret.txt", ada_hand_in / f"{ASSIGNMENT}.ipynb",
+                               *(course / "feedback" / hub.ada).glob("*.html"),
                                hub.home(hub.prof) / "grading" / "gradebook.db",
                                hub.home(hub.prof) / "course" / "roster.csv",
                                REPO_ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb",
                                settings.state / "passwords.csv"]}
-            open_ = {"list": [hub.home(hub.ben), course / "outbound" / ASSIGNMENT],
+            open_ = {"list": [hub.home(hub.ben), course / "outbound" / ASSIGNMENT, course / "inbound" / hub.ben],
                      "read": [course / "outbound" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", REPO_ROOT / "Makefile"]}
             probes = [f"ls {p} >/dev/null 2>&1 && echo 'OPEN {p}' || echo 'CLOSED {p}'" for p in closed["list"] + open_["list"]]
             probes += [f"cat {p} >/dev/null 2>&1 && echo 'OPEN {p}' || echo 'CLOSED {p}'" for p in closed["read"] + open_["read"]]
@@ -433,6 +494,22 @@ def test_class_loop_on_jupyterhub(hub, browsers):
             assert not missing, f"a student's terminal should reach {missing} (the probe is broken?):\n{log}"
             for path in (f"api/contents/../{hub.ada}", f"files/../{hub.ada}/{ASSIGNMENT}/{ASSIGNMENT}.ipynb"):
                 assert ben.api_get(path) in (403, 404), f"{ben.user}'s server serves {path}"
+        with prof.step("the culler stopped cy's idle server; everyone active kept theirs", timing="culled_s"):
+            deadline = time.monotonic() + 3 * CULL_IDLE_S
+            while time.monotonic() < deadline:
+                servers = {u["name"]: u.get("servers", {}) for u in prof.page.request.get(
+                    f"{hub.url}/hub/api/users").json()}
+                if not servers.get(hub.cy):
+                    break
+                time.sleep(2)
+            assert not servers.get(hub.cy), f"cy's server, idle since she left, still runs: {servers.get(hub.cy)}"
+            assert all(servers.get(u) for u in (hub.ada, hub.ben, hub.prof)), f"an active server was culled: {servers}"
+        with ben.step("ben's server runs in his cgroup, under the class's limits"):
+            from autograder.hub import limits
+            pid = next(int(p.parent.name) for p in pathlib.Path("/proc").glob("[0-9]*/status")
+                       if _uid_of(p) == hub.uid(hub.ben))
+            memberships = pathlib.Path(f"/proc/{pid}/cgroup").read_text()
+            assert f"/{limits.ROOT_NAME}/{hub.ben}" in memberships, f"ben's processes are not in his cgroup:\n{memberships}"
         timings["loop_s"] = round(time.perf_counter() - loop_start, 2)
         loads.append(os.getloadavg()[0])
         timings["load_average"] = loads
@@ -504,7 +581,10 @@ def test_role_configurations(tmp_path):
     assert json.loads((instructor / "labconfig" / "page_config.json").read_text())["disabledExtensions"] == {}
     config = {}
     exec((student / "nbgrader_config.py").read_text(), {"get_config": lambda: _Config(config)})
-    assert config == {"CourseDirectory.course_id": settings.course_id, "Exchange.root": str(settings.exchange)}
+    from autograder.hub.exchange import EXCHANGE_PLUGINS
+    assert config == {"CourseDirectory.course_id": settings.course_id, "Exchange.root": str(settings.exchange),
+                      **{f"ExchangeFactory.{name}": cls for name, cls in EXCHANGE_PLUGINS.items()}}, (
+        "a student's server uses the course's exchange plugins (hand-ins as the server's own user)")
     assert oct((student / "nbgrader_config.py").stat().st_mode & 0o777) == "0o644", "servers run as other users"
 
 
@@ -537,3 +617,60 @@ def test_python_view_reaches_only_a_python_under_a_closed_folder():
         assert view.python_view([prefix]) == ([], []), "a Python everyone reaches needs no mounts"
     finally:
         shutil.rmtree(root)
+
+
+# ------------------------------------------------------------------------------------ limits per server
+def _run_in_cgroup(folders, code):
+    """Run `code` in a fresh Python that first joins `folders` (as the spawner's preexec does); its exit code."""
+    from autograder.hub import limits
+    return subprocess.run([sys.executable, "-c", code], preexec_fn=(lambda: limits.join(folders)) if folders else None,
+                          capture_output=True, timeout=120).returncode
+
+
+def test_a_memory_bomb_is_stopped_in_its_own_cgroup():
+    """A user's cgroup (limits.py, as the spawner makes it) with 200 MB: a process there that fills 400 MB is
+    killed by the kernel, and this process (the hub's place) is untouched. Control: the same process outside
+    any such cgroup fills its 400 MB and exits normally."""
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are made by root (the hub runs as root)")
+    from autograder.hub import limits
+    user = f"limits-test-{secrets.token_hex(3)}"
+    if "memory" not in limits.parents():
+        pytest.skip(f"this machine lets root limit no memory: {limits.describe()}")
+    folders = limits.prepare(user, limits.Limits(memory_bytes=200 * 2**20, cpus=1.0, pids=64))
+    if not folders:
+        pytest.skip(f"this machine lets root limit no memory: {limits.describe()}")
+    bomb = "x = b'x' * (400 * 2**20); print(len(x))"
+    try:
+        assert _run_in_cgroup([], bomb) == 0, "control: 400 MB should be fine outside the user's cgroup"
+        code = _run_in_cgroup(folders, bomb)
+        assert code == -signal.SIGKILL, f"the bomb in a 200 MB cgroup should be killed by the kernel (got {code})"
+    finally:
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def test_a_busy_loop_gets_its_cpu_share_and_no_more():
+    """A cgroup with 0.2 CPU: a second of busy looping (by the wall clock) gets about 0.2 s of CPU; control: about
+    a whole second outside it."""
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are made by root (the hub runs as root)")
+    from autograder.hub import limits
+    user = f"limits-test-{secrets.token_hex(3)}"
+    if "cpu" not in limits.parents():
+        pytest.skip(f"this machine lets root limit no CPU: {limits.describe()}")
+    folders = limits.prepare(user, limits.Limits(memory_bytes=2**30, cpus=0.2, pids=64))
+    if not folders:
+        pytest.skip(f"this machine lets root limit no CPU: {limits.describe()}")
+    spin = ("import time, resource, sys\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n"
+            "sys.exit(int(100 * resource.getrusage(resource.RUSAGE_SELF).ru_utime))")
+    try:
+        inside = _run_in_cgroup(folders, spin) / 100
+        outside = _run_in_cgroup([], spin) / 100
+        assert inside < 0.45 < outside * 0.9 or inside < 0.5 * outside, (
+            f"CPU in a second: {inside:.2f} s in the 0.2-CPU cgroup against {outside:.2f} s outside")
+    finally:
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
