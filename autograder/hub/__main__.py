@@ -70,6 +70,7 @@ def main(argv=None):
     sub = command("release", "(instructor) release assignments into the exchange", hub_folder=False)
     sub.add_argument("--roster", help="also put the roster's students into the gradebook")
     sub.add_argument("--all", action="store_true", help="every assignment of course/")
+    sub.add_argument("--force", action="store_true", help="replace a released assignment (after a fix)")
     sub.add_argument("assignments", nargs="*", help="e.g. 04_self_attention")
     sub = command("duedate", "(instructor) set an assignment's due date in the class gradebook", hub_folder=False)
     sub.add_argument("assignment")
@@ -98,7 +99,8 @@ def main(argv=None):
         if not args.assignments and not args.all and not args.roster:
             parser.error("name the assignments to release (e.g. 04_self_attention), or --all")
         from autograder.config import assignment_ids
-        print("\n".join(instructor.release(assignment_ids() if args.all else args.assignments, args.roster)))
+        print("\n".join(instructor.release(assignment_ids() if args.all else args.assignments, args.roster,
+                                           force=args.force)))
     elif args.command == "duedate":
         print(f"{args.assignment} is due {instructor.set_duedate(args.assignment, args.when)} UTC")
     elif args.command == "release-feedback":

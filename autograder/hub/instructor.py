@@ -27,10 +27,11 @@ def instructor_config():
     return app.config
 
 
-def api():
+def api(force_release=False):
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     config = instructor_config()
+    config.ExchangeReleaseAssignment.force = force_release
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config), config
 
 
@@ -39,22 +40,23 @@ def class_folder(config):
     return pathlib.Path(config.CourseDirectory.db_url.removeprefix("sqlite:///")).parent
 
 
-def release(assignments, roster=None):
-    """Release each of `assignments` (ids of course/) into the exchange, unless it is there; put the
-    roster's students into the class gradebook. Returns lines to print."""
+def release(assignments, roster=None, force=False):
+    """Release each of `assignments` (ids of course/) into the exchange, unless it is there (`force`: replace
+    it, after a fix; hand-ins from the first release are still graded as written, autograder/releases.py);
+    put the roster's students into the class gradebook. Returns lines to print."""
     from nbgrader.api import Gradebook
 
     from autograder.config import assignment_ids
     from autograder.hub.roster import read_roster
-    nbgrader, config = api()
+    nbgrader, config = api(force_release=force)
     outbound = pathlib.Path(config.Exchange.root) / config.CourseDirectory.course_id / "outbound"
     lines = []
     unknown = sorted(set(assignments) - set(assignment_ids()))
     if unknown:
         raise SystemExit(f"not assignments of this course: {', '.join(unknown)} (it has {', '.join(assignment_ids())})")
     for assignment in assignments:
-        if (outbound / assignment).is_dir():
-            lines.append(f"{assignment}: already released (nbgrader release_assignment --force replaces it)")
+        if (outbound / assignment).is_dir() and not force:
+            lines.append(f"{assignment}: already released (--force replaces it with course/'s)")
             continue
         result = nbgrader.release_assignment(assignment)
         if not result["success"]:
