@@ -36,6 +36,9 @@ REFERENCES = {
     "CausalSelfAttention": ("09_gpt", "courselib.fused_gpt.CausalSelfAttention"),
     "DecoderBlock": ("09_gpt", "courselib.fused_gpt.Block"),
     "GPT": ("09_gpt", "courselib.fused_gpt.GPT"),
+    "LayerNorm": ("07_encoder", "courselib.blocks.LayerNorm"),
+    "FeedForward": ("07_encoder", "courselib.blocks.FeedForward"),
+    "EncoderLayer": ("07_encoder", "courselib.blocks.EncoderLayer"),
 }
 
 
@@ -236,6 +239,12 @@ def _smoke_gpt(cls, ref):
         return _largest_difference(ours(ids), theirs(ids))
 
 
+def _smoke_encoder_layer(cls, ref):
+    """07's EncoderLayer (d_model, num_heads, d_ff, dropout, norm_first): post-LN and pre-LN both."""
+    return max(_smoke_module(8, 2, 12, 0.0, norm_first)(cls, ref) for norm_first in (False, True))
+
+
 SMOKE_TESTS = {"apply_rope": _smoke_rope, "grouped_query_attention": _smoke_gqa,
                "RMSNorm": _smoke_module(8), "SwiGLUFeedForward": _smoke_module(8, 12),
-               "CausalSelfAttention": _smoke_module(8, 2), "DecoderBlock": _smoke_module(8, 2, 16), "GPT": _smoke_gpt}
+               "CausalSelfAttention": _smoke_module(8, 2), "DecoderBlock": _smoke_module(8, 2, 16), "GPT": _smoke_gpt,
+               "LayerNorm": _smoke_module(8), "FeedForward": _smoke_module(8, 12), "EncoderLayer": _smoke_encoder_layer}
