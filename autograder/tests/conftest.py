@@ -24,6 +24,35 @@ SESSION_CLOCKS = {}
 
 def pytest_sessionstart(session):
     SESSION_CLOCKS.update(wall=time.time(), monotonic=time.monotonic())
+    if not hasattr(session.config, "workerinput"):   # the controller, once
+        CHECKOUT_BEFORE.update(ignored_files())
+
+
+# Nothing the suite runs writes into the checkout (a class's instructor may not write it, and a cache left
+# there by root's runs once made the hub test pass where a new instructor failed): files that appear during
+# the run, outside what the suite itself writes (test-artifacts/) and the environment (.venv/), fail it.
+CHECKOUT_BEFORE = set()
+WRITTEN_BY_THE_SUITE = (".venv/", "test-artifacts/")
+
+
+def ignored_files():
+    import subprocess
+
+    from autograder.config import REPO_ROOT
+    listed = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    # ignored files: what a program writes (a cache, a work folder, bytecode), not a file someone is adding
+    return {line[3:] for line in listed.stdout.splitlines()
+            if line[:2] == "!!" and not line[3:].startswith(WRITTEN_BY_THE_SUITE)}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return
+    new = sorted(ignored_files() - CHECKOUT_BEFORE)
+    if new:
+        print(f"\nthe run wrote into the checkout ({len(new)} files), which nothing may do: {new[:10]}")
+        session.exitstatus = 1
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -286,3 +286,14 @@ def test_the_layout_setup_makes(course):
                 course_folder / "feedback" / course.ada: ("0o2750", owner, course.ada)}
     found = {path: described(path) for path in expected}
     assert found == expected, {str(p): (found[p], expected[p]) for p in expected if found[p] != expected[p]}
+
+
+def test_a_login_shell_finds_the_course(course):
+    """`su - <instructor>` (as ssh would): the profile setup wrote sets $TRANSFORMERS_COURSE and either puts the
+    course's Python on PATH or says that only the hub's terminals reach it (never a silent 'command not found')."""
+    result = subprocess.run(["su", "-", course.prof, "-c", "echo course=$TRANSFORMERS_COURSE; command -v nbgrader"],
+                            capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert f"course={course.settings.checkout}" in output, output
+    python = pathlib.Path(sys.prefix) / "bin"
+    assert str(python / "nbgrader") in output or "reachable in the hub's terminals only" in output, output
