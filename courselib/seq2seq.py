@@ -403,9 +403,15 @@ STEPS, BATCH_SIZE, LEARNING_RATE, WARMUP = 3000, 64, 1e-2, 20
 def train(model, steps, loss_fn=seq2seq_loss, batch_size=BATCH_SIZE, lr=LEARNING_RATE, warmup=WARMUP, decay=False,
           seed=SEED, callback=None):
     """AdamW on fresh batches of training dates, the learning rate warming up over `warmup` steps (then,
-    with `decay`, falling linearly to 0 at `steps`). `loss_fn(model, src_ids, tgt_ids)` is the loss;
-    `callback(step, loss)` runs after each step. Returns the list of losses; the model ends in eval mode."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    with `decay`, falling linearly to 0 at `steps`). Weight decay (0.01) in notebook 09's two groups: every
+    tensor with two or more dimensions (the linear layers' weights, the embedding and position tables) decays;
+    biases and LayerNorm gains and shifts do not, since decay would pull a gain towards 0 instead of its neutral 1.
+    `loss_fn(model, src_ids, tgt_ids)` is the loss; `callback(step, loss)` runs after each step. Returns the list
+    of losses; the model ends in eval mode."""
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.01}, {"params": vectors, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.98))
 
     def factor(step):
         warm = (step + 1) / warmup
@@ -454,7 +460,8 @@ def rebuild(out_dir=MODEL_DIR, steps=STEPS, seed=SEED, quiet=False):
     save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, out_dir / "model.safetensors")
     (out_dir / "config.json").write_text(json.dumps(CONFIG, indent=1) + "\n")
     log = {"seed": seed, "steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
-           "hyperparameters": {"batch_size": BATCH_SIZE, "lr": LEARNING_RATE, "warmup": WARMUP, "decay": "linear"},
+           "hyperparameters": {"batch_size": BATCH_SIZE, "lr": LEARNING_RATE, "warmup": WARMUP, "decay": "linear",
+                               "weight_decay": "0.01 on tensors of 2 or more dimensions, 0 on the others"},
            "held_out_exact_match": round(accuracy, 4), "held_out_examples": len(tgt_ids),
            "minutes": round((time.perf_counter() - start) / 60, 1),
            "cpu_minutes": round((time.process_time() - cpu_start) / 60, 1),
@@ -476,7 +483,8 @@ The reference `courselib.seq2seq.EncoderDecoder` ({parameters:,} parameters: {nu
 "2021-03-12", "2021-03-12" -> "12 march 2021").
 
 Built by `python -m courselib.seq2seq --rebuild` (seed {seed}): {steps} steps of batches of
-{hyperparameters[batch_size]} fresh training dates, AdamW, peak learning rate {hyperparameters[lr]} after
+{hyperparameters[batch_size]} fresh training dates, AdamW (weight decay {hyperparameters[weight_decay]}), peak
+learning rate {hyperparameters[lr]} after
 {hyperparameters[warmup]} warm-up steps, then a linear decay. The build took {minutes} minutes of wall-clock time
 ({cpu_minutes} CPU minutes, {threads} thread(s), torch {torch}). Final training loss {final_loss} (mean of
 the last 100 steps); greedy exact match on {held_out_examples} held-out dates (never seen in training):

@@ -98,6 +98,16 @@ CACHE_ADVICE = ("compute from the model's submodules: model.decode, model(...) a
                 "position, which is what the cache is for")
 
 
+# transformers' caches reorder themselves for its beam search: what the exercise asks the learner to write
+REORDER_SHORTCUTS = ["transformers.cache_utils.Cache.reorder_cache", "transformers.cache_utils.EncoderDecoderCache.reorder_cache",
+                     "transformers.cache_utils.CacheLayerMixin.reorder_cache", "transformers.cache_utils.Cache.batch_select_indices",
+                     "transformers.cache_utils.EncoderDecoderCache.batch_select_indices",
+                     "transformers.cache_utils.DynamicLayer.batch_select_indices"]
+
+
+REORDER_ADVICE = "transformers' caches reorder themselves for its beam search; the exercise asks you to write the gather"
+
+
 T5_BUCKET = "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket"
 
 
@@ -971,6 +981,125 @@ def later_memory(seeds):
 @probe
 def decode_with_cache_cross_once(seeds, decode_with_cache):
     return _cached_run(decode_with_cache, seeds, CACHE_STREAM + 3, 6, CACHE_ONCE_SPLITS, later_memory(seeds))
+
+
+# ================================================================ exercise 9: reorder_cache
+CACHE_PARTS = ("self-attention keys", "self-attention values", "cross-attention keys", "cross-attention values")
+
+
+def reorder_case(seeds, stream, layers, heads, T, S, d_head, rows, beam_idx_length):
+    """A cache of `layers` entries (self keys, self values: (rows, heads, T, d_head); cross keys, cross values:
+    (rows, heads, S, d_head)), every entry seeded and distinct, and a beam_idx of `beam_idx_length` rows drawn
+    from 0..rows-1 with a repeat (and, when it is no longer than rows, a row left out)."""
+    g = seeds.generator(stream)
+    cache = [tuple(torch.randn(rows, heads, length, d_head, generator=g, dtype=torch.float64)
+                   for length in (T, T, S, S)) for _ in range(layers)]
+    while True:
+        beam_idx = torch.randint(0, rows, (beam_idx_length,), generator=g)
+        repeats = len(set(beam_idx.tolist())) < beam_idx_length or rows == 1
+        dropped = beam_idx_length > rows or len(set(beam_idx.tolist())) < rows
+        if repeats and dropped:
+            return cache, beam_idx
+
+
+# (stream, layers, heads, T_past, S, d_head, rows before, rows after): the same number of rows (heads as many as
+# the rows, so that a gather along the heads runs and is judged by its values), the first step of a beam search
+# (one row, [BOS], becomes beam_width rows) and a growing batch with three layers
+REORDER_CASES = [(10901, 2, 4, 3, 5, 2, 4, 4), (10902, 2, 3, 1, 6, 2, 1, 3), (10903, 3, 2, 5, 4, 3, 3, 5)]
+
+
+def _structure(cache, layers, what):
+    """The four tensors of each of `layers` entries, or a teaching failure (read under the watch)."""
+    if not isinstance(cache, (list, tuple)) or len(cache) != layers:
+        found = f"a {type(cache).__name__}" + (f" of length {len(cache)}" if isinstance(cache, (list, tuple)) else "")
+        raise AssertionError(f"{what} should be a list of {layers} entries, one per decoder layer; found {found}.")
+    for i, entry in enumerate(cache):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 4 or not all(type(t) is torch.Tensor for t in entry):
+            raise AssertionError(f"entry {i} of {what} should be the tuple (self_keys, self_values, cross_keys, "
+                                 f"cross_values) of four tensors; found {type(entry).__name__}.")
+    return [[t.detach().clone() for t in entry] for entry in cache]
+
+
+def _reorder(reorder_cache, cache, beam_idx):
+    originals = [t for entry in cache for t in entry]
+    copies = [t.clone() for t in originals]
+    given = [tuple(entry) for entry in cache]
+    result, unchanged = call(reorder_cache, given, beam_idx.clone(), name="reorder_cache", forbidden=REORDER_SHORTCUTS,
+                             forbidden_advice=REORDER_ADVICE,
+                             capture=lambda: all(torch.equal(a, b) for a, b in zip(originals, copies)))
+    return result, unchanged
+
+
+@probe
+def reorder_cache_rows(seeds, reorder_cache):
+    results = []
+    for stream, layers, heads, T, S, d_head, rows, after in REORDER_CASES:
+        cache, beam_idx = reorder_case(seeds, stream, layers, heads, T, S, d_head, rows, after)
+        result, unchanged = _reorder(reorder_cache, cache, beam_idx)
+        results.append({"cache": _structure(result, layers, "reorder_cache's result"), "input_unchanged": unchanged})
+    return results
+
+
+# The learner's reorder inside a batched beam search, step by step (as transformers runs it: several sources, each
+# with its own beams, beam_idx never crossing from one source's rows to another's). No model: each layer's cached
+# self-attention key (value) of a position is a seeded vector of the token there, and its cross-attention keys
+# (values) are a seeded table of the row's source, so that the judge knows what every row's cache must hold.
+SIM_LAYERS, SIM_HEADS, SIM_D, SIM_S, SIM_VOCAB = 2, 2, 3, 4, 9
+SIM_SOURCES, SIM_WIDTH, SIM_STEPS = 2, 3, 4
+
+
+def simulation_tables(seeds):
+    """Per layer: self keys and values of every token (V, h, d); cross keys and values of every source (n, h, S, d)."""
+    g = seeds.generator(10911)
+    shape = (SIM_LAYERS, 2)
+    tokens = torch.randn(*shape, SIM_VOCAB, SIM_HEADS, SIM_D, generator=g, dtype=torch.float64)
+    sources = torch.randn(*shape, SIM_SOURCES, SIM_HEADS, SIM_S, SIM_D, generator=g, dtype=torch.float64)
+    return tokens, sources
+
+
+def simulation_steps(seeds):
+    """[(beam_idx, new tokens)] of each step: the first step turns each source's one row ([BOS]) into SIM_WIDTH rows,
+    the later ones pick each source's parents among its own rows, with repeats."""
+    g = seeds.generator(10912)
+    steps, rows = [], 1
+    for _ in range(SIM_STEPS):
+        parents = torch.randint(0, rows, (SIM_SOURCES, SIM_WIDTH), generator=g)
+        beam_idx = (parents + rows * torch.arange(SIM_SOURCES)[:, None]).flatten()   # (SIM_SOURCES * SIM_WIDTH,)
+        steps.append((beam_idx, torch.randint(3, SIM_VOCAB, (SIM_SOURCES * SIM_WIDTH,), generator=g)))
+        rows = SIM_WIDTH
+    return steps
+
+
+def simulation_start(tables):
+    """Each source's one row after [BOS] (id 1): the cache as the first decoding step leaves it."""
+    tokens, sources = tables
+    bos = torch.full((SIM_SOURCES,), 1)
+    return [(tokens[i, 0][bos][:, :, None], tokens[i, 1][bos][:, :, None], sources[i, 0], sources[i, 1])
+            for i in range(SIM_LAYERS)]
+
+
+@probe
+def reorder_cache_in_beam_search(seeds, reorder_cache):
+    tables = simulation_tables(seeds)
+    tokens = tables[0]
+    cache = simulation_start(tables)
+    for step, (beam_idx, new_tokens) in enumerate(simulation_steps(seeds), start=1):
+        result, _ = _reorder(reorder_cache, cache, beam_idx)
+        reordered = _structure(result, SIM_LAYERS, f"reorder_cache's result at step {step}")
+        for i, entry in enumerate(reordered):
+            for part, tensor in zip(CACHE_PARTS, entry):
+                if tensor.shape[0] != len(beam_idx):
+                    along = (" (it looks gathered along dim 1, the heads: the hypotheses are dim 0)"
+                             if tensor.dim() == 4 and tensor.shape[1] == len(beam_idx) else "")
+                    raise AssertionError(
+                        f"at step {step} of a beam search over {SIM_SOURCES} sources ({len(beam_idx)} hypotheses), layer "
+                        f"{i}'s {part} came back from reorder_cache with {tensor.shape[0]} rows, shape "
+                        f"{tuple(tensor.shape)}: every tensor of every layer needs one row per entry of beam_idx, row r "
+                        f"being row beam_idx[r] of the cache before (gather along dim 0, the hypotheses){along}.")
+        cache = [(torch.cat([k, tokens[i, 0][new_tokens][:, :, None]], dim=2),      # the new position's key and value
+                  torch.cat([v, tokens[i, 1][new_tokens][:, :, None]], dim=2), ck, cv)
+                 for i, (k, v, ck, cv) in enumerate(reordered)]
+    return [list(entry) for entry in cache]
 
 
 # ================================================================ stretch: T5's relative position buckets

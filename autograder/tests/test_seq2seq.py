@@ -155,6 +155,29 @@ def test_rebuild_is_reproducible():
     assert losses == pytest.approx(log["first_losses"][:3], rel=1e-4)
 
 
+def test_training_decays_the_matrices_only(monkeypatch):
+    """seq2seq.train uses notebook 09's weight-decay groups: every tensor with 2 or more dimensions (linear weights,
+    the embedding and position tables) decays, biases and LayerNorm gains and shifts do not."""
+    groups = []
+
+    class Recording(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+            groups.extend(self.param_groups)
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    torch.manual_seed(0)
+    model = seq2seq.EncoderDecoder(**seq2seq.CONFIG)
+    seq2seq.train(model, 1)
+    names = {id(p): name for name, p in model.named_parameters()}
+    decayed = {names[id(p)] for group in groups if group["weight_decay"] > 0 for p in group["params"]}
+    kept = {names[id(p)] for group in groups if group["weight_decay"] == 0 for p in group["params"]}
+    assert decayed == {name for name, p in model.named_parameters() if p.dim() >= 2}
+    assert kept == {name for name, p in model.named_parameters() if p.dim() < 2}
+    assert {"embed.embedding.weight", "tgt_positions.table.weight", "head.weight"} <= decayed
+    assert {"encoder_norm.weight", "decoder_layers.0.norm2.bias", "head.bias"} <= kept
+    assert [group["weight_decay"] for group in groups] == [0.01, 0.0]
+
+
 # ---------------------------------------------------------------- the T5 / BART table (section 8)
 @pytest.fixture(scope="module")
 def t5_and_bart():
@@ -375,3 +398,43 @@ def test_stack_diagram_has_one_cross_attention_arrow_per_decoder_layer():
             assert f"decoder layer {num_layers}: masked self-attention" in texts
         finally:
             plt.close(ax.figure)
+
+
+# ---------------------------------------------------------------- reorder_cache (exercise 9)
+def test_the_gather_oracle_is_transformers_reorder_cache():
+    """The judges' gather (row r <- row beam_idx[r]) is what transformers' EncoderDecoderCache.reorder_cache does
+    to the self-attention's and the cross-attention's keys and values of every layer."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    seeds = Seeds("reorder")
+    for stream, layers, heads, T, S, d_head, rows, after in checks.REORDER_CASES:
+        cache, beam_idx = checks.reorder_case(seeds, stream, layers, heads, T, S, d_head, rows, after)
+        self_cache, cross_cache = DynamicCache(), DynamicCache()
+        for i, (keys, values, cross_keys, cross_values) in enumerate(cache):
+            self_cache.update(keys, values, i)
+            cross_cache.update(cross_keys, cross_values, i)
+        theirs = EncoderDecoderCache(self_cache, cross_cache)
+        theirs.reorder_cache(beam_idx)
+        for i, entry in enumerate(cache):
+            library = (theirs.self_attention_cache.layers[i].keys, theirs.self_attention_cache.layers[i].values,
+                       theirs.cross_attention_cache.layers[i].keys, theirs.cross_attention_cache.layers[i].values)
+            for tensor, reordered in zip(entry, library):
+                assert torch.equal(judges.gathered(tensor, beam_idx), reordered)
+
+
+@pytest.mark.parametrize("token", [f"seed {i}" for i in range(20)])
+def test_reorder_cases_repeat_and_drop_rows_and_the_simulation_keeps_its_sources(token):
+    """Every hidden reorder case repeats a row and leaves one out (so that an unordered or truncated answer differs),
+    the first lets a gather along the heads run (so that its diagnosis is reached), and the simulated beam search
+    never takes a row from another source's beams, as transformers' never does."""
+    seeds = Seeds(token)
+    for index, (stream, layers, heads, T, S, d_head, rows, after) in enumerate(checks.REORDER_CASES):
+        cache, beam_idx = checks.reorder_case(seeds, stream, layers, heads, T, S, d_head, rows, after)
+        assert len(beam_idx) == after and int(beam_idx.max()) < rows
+        assert len(set(beam_idx.tolist())) < after and (after > rows or len(set(beam_idx.tolist())) < rows)
+        assert index or (rows == after <= heads and not torch.equal(beam_idx, torch.arange(rows)))
+    rows = 1
+    for beam_idx, new_tokens in checks.simulation_steps(seeds):
+        sources = beam_idx.view(checks.SIM_SOURCES, checks.SIM_WIDTH) // rows
+        assert torch.equal(sources, torch.arange(checks.SIM_SOURCES)[:, None].expand_as(sources))
+        assert int(new_tokens.min()) >= 3
+        rows = checks.SIM_WIDTH
