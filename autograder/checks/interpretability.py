@@ -212,6 +212,16 @@ def ablate_head_values(seeds, ablate_head):
     return results
 
 
+@probe
+def ablate_head_leaves_the_model(seeds, ablate_head):
+    model, ids = ablation_problem(seeds)
+    with torch.no_grad():
+        _, left, after = _model_call(ablate_head, model, ids, 1, 1, name="ablate_head")
+        weights_kept = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                             random_gpt(seeds, 6101).state_dict().values()))
+    return {"hooks_left": left, "after": after, "weights_kept": weights_kept}
+
+
 # ---------------------------------------------------------------- exercise 7: logit_lens
 def lens_problem(seeds):
     model = random_gpt(seeds, 7101)

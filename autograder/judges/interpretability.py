@@ -19,6 +19,7 @@ from autograder.checks.interpretability import (
     PREFIX_LENGTHS,
     REPEAT_CASES,
     RESIDUAL_PATCHES,
+    ablate_head_leaves_the_model,
     ablate_head_values,
     ablation_problem,
     attribution_problem,
@@ -360,8 +361,6 @@ def judge_ablate_head_values(seeds, results):
     with torch.no_grad():
         plain = hf(ids).logits
     for (layer, head), data in zip(ABLATIONS, results):
-        expect_no_hooks_left(data, "ablate_head")
-        expect_model_unchanged(data, plain, "ablate_head")
 
         def mistakes(layer=layer, head=head):
             wrong = {}
@@ -379,6 +378,19 @@ def judge_ablate_head_values(seeds, results):
                      f"ablate_head(model, ids, layer={layer}, head={head})",
                      "Zero head `head`'s d_head columns of c_proj's input in block `layer` (a forward pre-hook), "
                      "so that the head writes nothing; c_proj's bias stays.", diagnoses=mistakes, atol=1e-6)
+
+
+@ablate_head_leaves_the_model.judge
+def judge_ablate_head_leaves_the_model(seeds, data):
+    _, ids = ablation_problem(seeds)
+    hf = oracle_for(seeds, 6101)
+    with torch.no_grad():
+        plain = hf(ids).logits
+    expect_no_hooks_left(data, "ablate_head")
+    if not data["weights_kept"]:
+        raise AssertionError("ablate_head changed the model's weights: zero a copy of c_proj's input in a pre-hook, "
+                             "never c_proj's weight, so that the model is whole again afterwards.")
+    expect_model_unchanged(data, plain, "ablate_head")
 
 
 # ---------------------------------------------------------------- exercise 7: logit_lens
@@ -546,6 +558,7 @@ def judge_name_mover_stated(seeds, data):
 
 # ---------------------------------------------------------------- stretch: direct_logit_attribution
 @stretch_direct_logit_attribution.judge
+@torch.no_grad()
 def judge_stretch_direct_logit_attribution(seeds, result):
     _, cache, token, other = attribution_problem(seeds)
     hf = oracle_for(seeds, 10101)
