@@ -146,16 +146,16 @@ def show_patches(image, patch_size):
 
 
 def overlay_attention(image, weights, ax=None, title=None):
-    """An (H, W) image with a (grid_h, grid_w) map of attention weights over its patches laid on top (each
-    patch's weight fills its patch)."""
+    """A (grid_h, grid_w) map of attention weights over an image's patches (each patch's weight fills its patch,
+    bright is much), with the outline of the image's ink drawn on top."""
     pixels = _image(image)
     weights = weights.detach().cpu().double() if torch.is_tensor(weights) else torch.as_tensor(weights).double()
     height, width = pixels.shape
     upsampled = F.interpolate(weights[None, None], size=(height, width), mode="nearest")[0, 0].numpy()
     if ax is None:
         _, ax = plt.subplots(figsize=(2.4, 2.4))
-    ax.imshow(pixels, cmap="gray_r", vmin=0, vmax=1)
-    ax.imshow(upsampled, cmap="inferno", alpha=0.55, vmin=0, vmax=max(float(upsampled.max()), 1e-9))
+    ax.imshow(upsampled, cmap="magma", vmin=0, vmax=max(float(upsampled.max()), 1e-9))   # bright: much attention
+    ax.contour(pixels, levels=[0.35], colors="cyan", linewidths=1.5)                   # the digit's outline on top
     ax.set_xticks([])
     ax.set_yticks([])
     if title:
