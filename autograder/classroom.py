@@ -217,8 +217,8 @@ def intake(source, root, assignments, done):
     for student_dir in sorted(p for p in find_submitted_folder(source).iterdir() if p.is_dir()):
         for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir()):
             if assignment_dir.name not in assignments:
-                strays.append(f"{student_dir.name}: folder '{assignment_dir.name}' is not an assignment "
-                              "of this course: not graded")
+                strays.append(f"{grading.printable(student_dir.name)}: folder {grading.printable(repr(assignment_dir.name))} "
+                              "is not an assignment of this course: not graded")
                 continue
             item = Item(student_dir.name, assignment_dir.name, grading.folder_digest(assignment_dir))
             items.append(item)
@@ -247,13 +247,20 @@ def normalise(folder, item):
         if not mine:
             item.errors.append(f"no {item.assignment} notebook handed in: scored 0")
             return
+    large = grading.too_large(expected)
     try:
-        nb = nbformat.read(expected, as_version=4)
-        nbformat.validate(nb)
+        nb = None if large else nbformat.read(expected, as_version=4)
+        if nb is not None:
+            nbformat.validate(nb)
+            large = grading.too_large(nb=nb)
     except Exception as error:
         expected.unlink()
         item.errors.append(f"{expected.name} is unreadable ({type(error).__name__}: "
-                           f"{str(error).splitlines()[0][:120]}): scored 0")
+                           f"{grading.printable(str(error).splitlines()[0][:120])}): scored 0")
+        return
+    if large:
+        expected.unlink()
+        item.errors.append(large)
         return
     source = grading.source_notebook(item.assignment)
     item.flags += grading.integrity_flags(nb, source)
@@ -713,9 +720,9 @@ def table(ledger, students, assignments):
             stretch += entry.get("stretch_score", 0.0)
             mark = "!" if entry["errors"] or entry["flags"] else " "
             cells.append(f"{entry['score']:>4g}{mark}")
-            notes += [f"{student} {assignment}: ERROR {e}" for e in entry["errors"]]
-            notes += [f"{student} {assignment}: REVIEW {f}" for f in entry["flags"]]
-        lines.append(f"{student:<{width}}  " + "  ".join(cells) + f"  {total:g}/{maximum:g}"
+            notes += [f"{student} {assignment}: ERROR {grading.printable(e)}" for e in entry["errors"]]
+            notes += [f"{student} {assignment}: REVIEW {grading.printable(f)}" for f in entry["flags"]]
+        lines.append(f"{grading.printable(student):<{width}}  " + "  ".join(cells) + f"  {total:g}/{maximum:g}"
                      + (f" (+{stretch:g} optional)" if stretch else ""))
     lines.append(f"{'out of':<{width}}  " + "  ".join(
         f"{grading.max_score(a):>5g}" for a in assignments))

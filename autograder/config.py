@@ -121,11 +121,11 @@ def autograde_preprocessors():
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
-    from autograder.execute import GuardedExecute, ZeroScoresOnTampering
+    from autograder.execute import GuardedExecute, QueueForReview, ZeroScoresOnTampering
     from autograder.safe_html import SafeForViewers
     from autograder.stderr import KeepStderrFromFailingTests
     return [GuardedExecute, KeepStderrFromFailingTests, IgnorePattern, ClearMetadataPreprocessor,
-            LimitOutput, ZeroScoresOnTampering, SaveAutoGrades, AssignLatePenalties,
+            LimitOutput, ZeroScoresOnTampering, SaveAutoGrades, QueueForReview, AssignLatePenalties,
             CheckCellMetadata, SafeForViewers]   # the last: what browsers render of it (safe_html.py)
 
 

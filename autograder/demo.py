@@ -156,7 +156,9 @@ EXPECTED = {
     ("jon", A04): ("full", "ran out of memory"),
     ("kai", A04): ("full", "printed too much"),
     ("lia", A04): ("zero", "torch.allclose was replaced"),
-    ("max", A01): ("zero", "defines `__eq__`, a hook that could fake a test"),
+    # her encoder returns a list whose __eq__ is always true: the probe sends plain data, the judge compares it in
+    # the grader, where that __eq__ never runs; so she loses that test and keeps the others (nothing to review)
+    ("max", A01): ("partial", None),
     ("nia", A04): ("zero", "input transformers (cleanup) was changed"),
     ("oto", A04): ("zero", "custom exception handler was changed"),
     # In the OS sandbox the solutions and the gradebook are not there to open (unsandboxed, the guard

@@ -10,8 +10,10 @@ machine allows, an OS sandbox: see kernel.py and kernel_manager.py), and
   so a flood cannot hide a failing test, and the saved notebook stays small;
 - runs one last cell of its own that asks the guard what the notebook changed; the report counts
   only with this run's token, and only once.
-`ZeroScoresOnTampering` then fails every test cell of a notebook with findings, with the reason,
-before nbgrader saves the grades, and records the judges' flags.
+`ZeroScoresOnTampering` then fails every test cell of a notebook with findings (tampering the grader saw
+happen), with the reason, before nbgrader saves the grades, and records the judges' flags and what the source
+only suggests (routes, autograder/integrity.py), which `QueueForReview` puts in nbgrader's manual-grading queue
+with every point the notebook earned kept.
 """
 import collections
 import json
@@ -114,6 +116,7 @@ class GuardedExecute(PrivateSocketExecute):
         if self._finished is None:  # the guard's cell never ran to its end
             self._finished = self.finish(nb)
         resources["guard_findings"], resources["judge_flags"] = self._finished
+        resources["review"] = list(self._routes)
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
@@ -145,15 +148,15 @@ class GuardedExecute(PrivateSocketExecute):
         return left if limit is None or limit < 0 else min(limit, left)
 
     def finish(self, nb, resources=None):
-        """After the last cell: what the source and the guard found, and the judges' verdicts, as
-        (findings, flags). What the kernel reports adds to the source's findings, never removes one."""
-        findings = self._routes + [f for f in self._guard_findings() if f not in self._routes]
+        """After the last cell: the tampering the guard saw happen, and the judges' verdicts, as (findings,
+        flags). What the source only suggests (self._routes) is kept apart: it is for review, not a zero."""
+        findings = self._guard_findings()
         self._warm_up.join()
         return findings, self._judge(nb)
 
     def read_source(self, nb, resources=None):
         """The grader's own reading of the hand-in (autograder/integrity.py), before anything runs:
-        (routes: findings that zero the notebook, {test cell index: findings that fail it})."""
+        (routes: what the instructor should review, {test cell index: findings that fail it})."""
         from autograder import integrity
         assignment = (resources or {}).get("nbgrader", {}).get("assignment")
         cells = code_cells(nb, assignment, skip=self._armed)
@@ -259,11 +262,12 @@ def guard_cell(report_token):
 
 class ZeroScoresOnTampering(NbGraderPreprocessor):
     """Fail every test cell of a notebook whose guard reported findings, saying why; keep the
-    judges' flags beside them for the report."""
+    judges' flags and the source's suggestions for review beside them for the report."""
 
     def preprocess(self, nb, resources):
-        findings = resources.get("guard_findings") or []
-        nb.metadata["autograder"] = {"guard_findings": findings, "judge_flags": resources.get("judge_flags") or []}
+        findings = bounded(resources.get("guard_findings") or [])
+        nb.metadata["autograder"] = {"guard_findings": findings, "judge_flags": bounded(resources.get("judge_flags") or []),
+                                     "review": bounded(resources.get("review") or [])}
         if findings:
             reason = ("The grading environment was changed by code in this notebook, so no test can "
                       "be trusted: " + "; ".join(findings[:5]) + ". The notebook scores 0 and is "
@@ -272,6 +276,45 @@ class ZeroScoresOnTampering(NbGraderPreprocessor):
                 if cell.cell_type == "code" and utils.is_grade(cell):
                     cell.outputs.append(new_output("error", ename="GradingEnvironmentChanged",
                                                    evalue=reason, traceback=[reason]))
+        return nb, resources
+
+
+MAX_FINDINGS = 20   # findings of one kind kept per notebook (a hostile notebook can make thousands)
+
+
+def bounded(findings, limit=MAX_FINDINGS):
+    """At most `limit` findings, and a line that counts the rest: a report stays readable and small."""
+    findings = list(dict.fromkeys(map(str, findings)))
+    return findings if len(findings) <= limit else [*findings[:limit], f"and {len(findings) - limit} more like these"]
+
+
+class QueueForReview(NbGraderPreprocessor):
+    """A notebook the grader only has suspicions about (its source reaches the grader's machinery or runs code
+    indirectly: `exec`, `globals()`, a magic, a pickle) keeps every point it earned, and goes into nbgrader's
+    manual-grading queue: the submitted notebook is flagged, its tests are marked as needing a manual grade
+    (formgrader lists them; the instructor confirms or changes each score), and the first answer cell's
+    comment says what to look at, cell by cell. Runs after SaveAutoGrades, on the same gradebook."""
+
+    def preprocess(self, nb, resources):
+        review = nb.metadata.get("autograder", {}).get("review") or []
+        if not review:
+            return nb, resources
+        from nbgrader.api import Gradebook, MissingEntry
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gradebook:
+            try:
+                submitted = gradebook.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
+            except MissingEntry:
+                return nb, resources
+            submitted.flagged = True
+            for grade in submitted.grades:
+                grade.needs_manual_grade = True
+            answers = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if utils.is_solution(c)]
+            if answers:
+                comment = gradebook.find_comment(answers[0], info["notebook"], info["assignment"], info["student"])
+                comment.auto_comment = ("Flagged for review (every point earned is kept): "
+                                        + "; ".join(review) + ".")
+            gradebook.db.commit()
         return nb, resources
 
 

@@ -78,11 +78,23 @@ class Report:
                 lines += [f"        {line}" for line in test.message.splitlines()]
         for title, items in (("Errors", self.errors), ("Flags for review", self.flags)):
             if items:
-                lines += ["", f"{title}:"] + [f"  - {item}" for item in items]
+                lines += ["", f"{title}:"] + [f"  - {printable(item)}" for item in items]
         return "\n".join(lines)
 
 
 STRETCH_PREFIX = "stretch_"
+MAX_NOTE_CHARS = 400
+
+
+def printable(text, limit=MAX_NOTE_CHARS):
+    """`text` as one line a terminal shows as it is: control and format characters (a newline, an escape code, a
+    right-to-left mark) written as escapes, and cut at `limit`. Every line of a report that holds something a
+    notebook wrote (a finding the kernel reported, a file name) goes through here, so no hand-in can forge a line
+    of the class's report or send escape codes to the instructor's terminal."""
+    import unicodedata
+    text = "".join(ch if unicodedata.category(ch)[0] != "C" and unicodedata.category(ch) not in ("Zl", "Zp")
+                   else ascii(ch)[1:-1] for ch in str(text))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def is_stretch(grade_id):
@@ -262,6 +274,23 @@ def _zero_report(assignment_id, name, source_nb, errors, flags=()):
     return Report.of(name, tests, errors, flags)
 
 
+MAX_CELLS = 2000                  # the course's longest notebook has about 250
+MAX_NOTEBOOK_BYTES = 100 * 2**20  # a notebook of the course with every output kept is a few MB
+
+
+def too_large(path=None, nb=None):
+    """Why a hand-in is too large to grade (a file of more than MAX_NOTEBOOK_BYTES, or more than MAX_CELLS
+    cells), or None. Grading it would hold a worker, or the grader's memory, for nothing."""
+    if path is not None and pathlib.Path(path).is_file() and pathlib.Path(path).stat().st_size > MAX_NOTEBOOK_BYTES:
+        return (f"{pathlib.Path(path).name} is {pathlib.Path(path).stat().st_size / 2**20:,.0f} MB, more than any "
+                f"notebook of this course ({MAX_NOTEBOOK_BYTES // 2**20} MB at most): clear its outputs and hand it in "
+                "again; not graded, scored 0")
+    if nb is not None and len(nb.cells) > MAX_CELLS:
+        return (f"the notebook has {len(nb.cells):,} cells, more than any notebook of this course ({MAX_CELLS:,} at "
+                "most): not graded, scored 0")
+    return None
+
+
 def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="preferred", executor=None,
                    notebook_timeout=None):
     """Grade the notebook at `path` and return a Report. Never raises on a bad submission.
@@ -270,10 +299,17 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
     path = pathlib.Path(path)
     errors = []
     try:
+        if too_large(path):
+            raise ValueError(too_large(path))
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
+        if too_large(nb=nb):
+            raise ValueError(too_large(nb=nb))
     except FileNotFoundError:
         nb, errors = None, [f"no notebook at {path}"]
+    except ValueError as error:
+        nb, errors = None, [str(error) if "not graded" in str(error) else
+                            f"unreadable notebook {path.name}: {type(error).__name__}: {error}"]
     except Exception as error:  # unreadable JSON, truncated file, wrong schema...
         nb, errors = None, [f"unreadable notebook {path.name}: {type(error).__name__}: {error}"]
 
@@ -422,13 +458,16 @@ def graded_findings(autograded_nb):
 
 
 def guard_flags(autograded_nb):
-    """The grading kernel's findings (autograder/guard.py), which zero the notebook, and the judges'
-    flags (autograder/judging.py), which cost one test each, as flags for review."""
+    """The grading kernel's findings (autograder/guard.py), which zero the notebook, the judges'
+    flags (autograder/judging.py), which cost one test each, and what the source only suggests, which costs
+    nothing and is for the instructor's review, as flags."""
     if autograded_nb is None:
         return []
+    from autograder.execute import bounded
     found = autograded_nb.metadata.get("autograder", {})
-    return ([f"tampering, all tests scored 0: {finding}" for finding in found.get("guard_findings", [])]
-            + [f"review: {flag}" for flag in found.get("judge_flags", [])])
+    return ([f"tampering, all tests scored 0: {finding}" for finding in bounded(found.get("guard_findings", []))]
+            + [f"review: {flag}" for flag in bounded(found.get("judge_flags", []))]
+            + [f"review, every point kept: {flag}" for flag in bounded(found.get("review", []))])
 
 
 def runaway_notes(autograded_nb):

@@ -34,7 +34,9 @@ HARMLESS_DUNDERS = {"__init__", "__name__", "__qualname__", "__doc__", "__class_
                     "__file__", "__annotations__", "__slots__", "__all__", "__main__"}
 # methods whose definition could fake a comparison or hijack torch's dispatch (a result's class is
 # refused by the wire anyway: this names the intent)
-HOOK_METHODS = {"__eq__", "__ne__", "__bool__", "__torch_function__", "__torch_dispatch__",
+# (comparisons are not among them: a verdict is decided in the grader on plain data, where an object's __eq__
+# never runs, and a class of hypotheses ordered by functools.total_ordering is an honest idiom)
+HOOK_METHODS = {"__torch_function__", "__torch_dispatch__",
                 "__array_function__", "__array_ufunc__", "__instancecheck__", "__subclasscheck__",
                 "__getattribute__", "__del__", "__reduce__", "__reduce_ex__", "__init_subclass__", "__set_name__",
                 "__class_getitem__"}
@@ -59,6 +61,9 @@ MODULES = {  # imported or reached: the route they are
     "autograder": "reaches the grader", "sqlite3": "opens a database (the gradebook is one)",
 }
 ALLOWED_IMPORTS = ("IPython.display",)   # submodules of the modules above that a correct answer may use
+# IPython magics a learner uses honestly; the code that time, timeit and capture run is read as any other
+SAFE_MAGICS = {"time": True, "timeit": True, "capture": True, "matplotlib": False, "precision": False,
+               "who": False, "whos": False, "pwd": False}     # name: whether its arguments are code
 SYS_ROUTES = {"modules", "settrace", "setprofile", "gettrace", "getprofile", "_getframe", "_current_frames",
               "meta_path", "path_hooks", "path_importer_cache", "addaudithook", "excepthook", "displayhook",
               "breakpointhook", "monitoring"}
@@ -196,8 +201,13 @@ def _routes(tree, aliases):
     library_aliases = {target.id for statement in ast.walk(tree) if isinstance(statement, ast.Assign)
                        for target in statement.targets if isinstance(target, ast.Name)
                        and _is_library(resolved(statement.value), local)}
+    harmless = _harmless_calls(tree)
 
     for node in ast.walk(tree):
+        if node in harmless:
+            for code in harmless[node]:   # the code a safe magic runs, read as the cell's own
+                yield from _routes(code, local)
+            continue
         code = ast.unparse(node)[:120] if isinstance(node, (ast.expr, ast.stmt)) else ""
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -234,9 +244,6 @@ def _routes(tree, aliases):
                     yield route, code
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in HOOK_METHODS:
             yield f"defines `{node.name}`, a hook that could fake a test", f"def {node.name}(...)"
-        if isinstance(node, ast.Call) and any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
-                                              and k.value.value is False for k in node.keywords):
-            yield "loads a pickle (weights_only=False runs code)", ast.unparse(node)[:120]
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
@@ -251,6 +258,40 @@ def _routes(tree, aliases):
                         base = resolved(part.value)
                         if base and base.startswith("sys."):
                             yield "changes part of `sys`", code
+
+
+def _harmless_calls(tree):
+    """{call node: [trees of the code it runs]} for calls that only look like routes: `get_ipython()` in a
+    magic of SAFE_MAGICS (`%timeit f(x)`, `%%time`), whose code is read instead, and `globals()` whose only use
+    is a membership test (`if "timings" not in globals():`, as the course's own cells write it)."""
+    found = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("run_line_magic", "run_cell_magic")
+                and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+                and node.func.value.func.id == "get_ipython" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value in SAFE_MAGICS
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args)):
+            texts = [_magic_code(a.value) for a in node.args[1:]] if SAFE_MAGICS[node.args[0].value] else []
+            trees = [_tree(text) for text in texts if text.strip()]
+            if all(t is not None for t in trees):
+                found[node] = trees
+                found[node.func.value] = []
+                found[node.func] = []
+        elif isinstance(node, ast.Compare) and all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            for side in node.comparators:
+                if (isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and side.func.id == "globals"
+                        and not side.args and not side.keywords):
+                    found[side] = []
+    return found
+
+
+def _magic_code(text):
+    """The Python code of a time/timeit/capture magic's arguments, its options left out (`-n 3 -r 1 f(x)`)."""
+    words = text.split(" ")
+    while words and (words[0].startswith("-") or (words[0].isdigit() and len(words) > 1)):
+        words.pop(0)
+    return " ".join(words)
 
 
 def _dynamic_target(node, aliases, library_aliases):

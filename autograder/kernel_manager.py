@@ -15,11 +15,13 @@ sandbox's own /tmp, which the grader reaches through /proc/<pid>/root: the sandb
 it could write. The kernel's stdout goes where the grader's stderr goes; `BoundedKernelClient` bounds
 what a message can make the grader buffer; a pids cgroup caps threads where the grader is root.
 """
+import contextlib
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
+import threading
 
 import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -116,10 +118,27 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
     cgroup = None        # the kernel's pids cgroup (sandbox.pids_cgroup), where the grader is root
     sandbox_pid = None   # the host pid of the sandbox's first process
 
+    @default("client_factory")
+    def _bounded_client(self):
+        # AsyncKernelManager gives client_factory a default of its own, so client_class alone never took
+        # effect: the grader's clients were unbounded (a 500 MB message was buffered whole)
+        return BoundedKernelClient
+
     async def _async_launch_kernel(self, kernel_cmd, **kw):
-        # the kernel's own output never reaches the grader's stdout (nothing it prints can precede or forge
-        # the grading contract's JSON): it goes where the grader's stderr goes (its log while grading)
-        kw = {**kw, "stdout": sys.stderr.fileno()}
+        # the kernel's own output (its fds 1 and 2) never reaches the grader's stdout (nothing it prints can
+        # precede or forge the grading contract's JSON), and at most KERNEL_LOG_BYTES of it reach the grader's
+        # stderr (its log while grading): a kernel that floods fd 1 fills nobody's disk
+        reader, writer = os.pipe()
+        kw = {**kw, "stdout": writer, "stderr": writer}
+        log = os.dup(sys.stderr.fileno())   # the log as it is now: grading may restore stderr before the kernel ends
+        threading.Thread(target=_forward_bounded, args=(reader, log, KERNEL_LOG_BYTES), daemon=True,
+                         name="kernel-output").start()
+        try:
+            await self._launch_kernel_in_sandbox(kernel_cmd, kw)
+        finally:
+            os.close(writer)   # the kernel holds its own copy; the reader ends when the kernel does
+
+    async def _launch_kernel_in_sandbox(self, kernel_cmd, kw):
         if not self.sandboxed():  # the grader's environment, less the hidden tests' key
             from autograder.judging import RUN_KEY_ENV
             env = {name: value for name, value in (kw.get("env") or os.environ).items() if name != RUN_KEY_ENV}
@@ -137,6 +156,30 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
         """Also the kernel's pids cgroup (after a shutdown, a crash or a kill, as the key's folder)."""
         super().cleanup_connection_file()
         sandbox.remove_cgroup(self.cgroup)
+
+
+KERNEL_LOG_BYTES = 256 * 2**10    # of a kernel's own fds 1 and 2 kept in the grader's log (a crash's traceback)
+
+
+def _forward_bounded(reader, log, limit):
+    """Copy what a kernel writes on its fds 1 and 2 to `log` (a descriptor, closed at the end), the first `limit`
+    bytes of it, then read and drop the rest (so the kernel never blocks on a full pipe) until it ends."""
+    kept, dropped = 0, 0
+    with open(reader, "rb", buffering=0) as pipe:
+        while True:
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            part = chunk[:max(0, limit - kept)]
+            if part:
+                kept += len(part)
+                with contextlib.suppress(OSError):
+                    os.write(log, part)
+            dropped += len(chunk) - len(part)
+    with contextlib.suppress(OSError):
+        if dropped:
+            os.write(log, f"\n[grader] the kernel wrote {dropped:,} more bytes on its own output, dropped\n".encode())
+        os.close(log)
 
 
 class BoundedKernelClient(AsyncKernelClient):

@@ -220,11 +220,12 @@ class ReplayExecute(GuardedExecute):
         saved = self._routes, self._taken
         self._routes, self._taken = self.read_source(graded, resources)   # the variant's own source
         try:
-            findings = self._routes + [f for f in self._guard_findings() if f not in self._routes]
+            findings = self._guard_findings()
             flags = self._judge(graded, indices=set(ran))
+            review = list(self._routes)
         finally:
             self._routes, self._taken = saved
-        outcome = score(graded, findings, flags, self.config, len(ran))
+        outcome = score(graded, findings, flags, self.config, len(ran), review)
         for index in steps.undecided:  # reached, but no target needed it: its verdict is not known
             grade_id = self._armed[index][0]
             del outcome.scores[grade_id], outcome.messages[grade_id]
@@ -262,14 +263,14 @@ class ReplayExecute(GuardedExecute):
             raise RuntimeError(f"the replay's own code failed in the kernel: {reply and reply['content']}")
 
 
-def score(nb, findings, flags, config, cells_run):
+def score(nb, findings, flags, config, cells_run, review=()):
     """Scores and messages of a graded notebook, by the course's post-processors and nbgrader's
     `determine_grade`, as `nbgrader autograde` computes them before it saves them."""
     from autograder.config import autograde_preprocessors
     from autograder.grading import _failure_message, graded_findings
-    resources = {"guard_findings": findings, "judge_flags": flags}
+    resources = {"guard_findings": findings, "judge_flags": flags, "review": list(review)}
     for step in autograde_preprocessors():
-        if step.__name__ in ("GuardedExecute", "ClearMetadataPreprocessor", "SaveAutoGrades",
+        if step.__name__ in ("GuardedExecute", "ClearMetadataPreprocessor", "SaveAutoGrades", "QueueForReview",
                              "AssignLatePenalties", "CheckCellMetadata", "SafeForViewers"):
             continue
         nb, resources = step(config=config).preprocess(nb, resources)

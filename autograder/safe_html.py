@@ -10,7 +10,9 @@ without it. So the autograded notebook itself is made safe, as the last autograd
 are decided by then), before anything renders it:
 - a markdown or raw cell that is not one of the course's own (its source, exactly) is shown as text:
   a fenced block, longer than any run of backticks in it;
-- outputs keep text (streams, plain text, tracebacks), PNG and JPEG images whose data is base64, and
+- outputs keep text (streams, plain text, tracebacks), PNG and JPEG images whose data is base64 and that
+  declare at most MAX_IMAGE_PIXELS (a PNG that claims 16,000 × 16,000 pixels is a decompression bomb for
+  the browser that opens the page: it is replaced by a line that says so), and
   HTML cleaned to an allowlist of tags and attributes (text, tables, lists, links to http(s) and
   mailto); every other representation (JavaScript, SVG, markdown, LaTeX, widgets) goes, and so does
   the outputs' metadata (nbconvert writes an image's width and height into unquoted attributes);
@@ -35,6 +37,40 @@ IMAGES = ("image/png", "image/jpeg")
 BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 PLAIN_TAG = re.compile(r"[A-Za-z0-9_-]+")
 NOTEBOOK_METADATA = ("kernelspec", "language_info", "autograder")  # the last: the guard's findings (execute.py)
+MAX_IMAGE_PIXELS = 4096 * 4096     # a matplotlib figure of the course is about 1,000 × 600
+
+
+def image_size(mime, data):
+    """(width, height) an image declares in its header, or None where it declares none that can be read."""
+    import base64
+    import binascii
+    import struct
+    try:
+        raw = base64.b64decode(data if mime == "image/jpeg" else "".join(data.split())[:64], validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    if mime == "image/png":
+        if raw[:8] != b"\x89PNG\r\n\x1a\n" or raw[12:16] != b"IHDR":
+            return None
+        return struct.unpack(">II", raw[16:24])
+    index = 2                                    # JPEG: the frame header (SOFn) gives height, then width
+    while index + 9 < len(raw):
+        if raw[index] != 0xFF:
+            return None
+        marker, length = raw[index + 1], struct.unpack(">H", raw[index + 2:index + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", raw[index + 5:index + 9])
+            return width, height
+        index += 2 + length
+    return None
+
+
+def bounded_image(mime, data):
+    """The image's base64 data if it is base64 and declares a size a browser can open, else None."""
+    if not (isinstance(data, str) and BASE64.fullmatch(data)):
+        return None
+    size = image_size(mime, data)
+    return data if size is not None and size[0] * size[1] <= MAX_IMAGE_PIXELS else None
 
 
 def allowed_attribute(tag, name, value):
@@ -69,8 +105,13 @@ def safe_output(output):
         if isinstance(text, str):
             kept["text/plain"] = text
         for mime in IMAGES:
-            if isinstance(data.get(mime), str) and BASE64.fullmatch(data[mime]):
-                kept[mime] = data[mime]
+            if mime in data:
+                image = bounded_image(mime, data[mime])
+                if image is not None:
+                    kept[mime] = image
+                else:
+                    kept["text/plain"] = (kept.get("text/plain", "") + f"\n[grader] an {mime} image was left out: "
+                                          f"it is not base64 or declares more than {MAX_IMAGE_PIXELS:,} pixels").strip()
         if isinstance(data.get("text/html"), (str, list)):
             kept["text/html"] = clean_html(data["text/html"])
         output["data"] = kept

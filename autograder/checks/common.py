@@ -44,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 from autograder import guard, wire
 
 LOCAL_TOKEN = "local"
+MAX_MESSAGE_CHARS = 4000   # of a failure message that comes from the kernel
 
 
 class Forbidden(Exception):
@@ -199,12 +200,14 @@ class Check:
         if type(outcome) is not dict:
             raise AssertionError("the hidden test's results were malformed")
         if outcome.get("taken"):
-            raise Taken("; ".join(map(str, outcome["taken"])) + ". This test scores 0 and is flagged "
-                        "for review.")
+            taken = list(map(str, outcome["taken"]))
+            raise Taken("; ".join(taken[:5])[:MAX_MESSAGE_CHARS] + (f" (and {len(taken) - 5} more)" if len(taken) > 5 else "")
+                        + ". This test scores 0 and is flagged for review.")
         if outcome.get("unanswered"):
             raise NotImplementedError()
-        if "failed" in outcome:
-            raise AssertionError(str(outcome["failed"]))
+        if "failed" in outcome:   # the kernel's words: a teaching message, or whatever a notebook put there
+            message = str(outcome["failed"])
+            raise AssertionError(message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + " …")
         if "data" not in outcome:
             raise AssertionError("the hidden test's results were malformed")
         self.load_judge()(seeds, outcome["data"])

@@ -1,12 +1,15 @@
 """Integrity decided in the grader (autograder/integrity.py), attacked as a determined student would.
 
 The grader reads the hand-in's source: every route to the grader's machinery or to code reached
-indirectly zeroes the notebook, naming the cell; an answer whose code reaches its exercise's oracle
+indirectly is flagged for the instructor's review, naming the cell, and costs nothing (it is a suspicion:
+`exec` or `globals()` prove nothing by themselves); an answer whose code reaches its exercise's oracle
 fails that test and is flagged. The kernel's own watch and guard can only add to that. Each route has
 an attack here that must be found, and the idioms of correct answers must not be: a correct answer
-never loses a point or gets a flag. A few attacks run the whole path (04 graded in the sandbox),
-where the source's verdict must hold even when the attack hides from the kernel's watch, and one
-runs at class level beside an honest classmate.
+never loses a point or gets a flag (`%timeit`, `"x" not in globals()`, a total_ordering class, a
+checkpoint loaded with weights_only=False among them). A few attacks run the whole path (04 graded in the
+sandbox), where the source's verdict must hold even when the attack hides from the kernel's watch, and one
+runs at class level beside an honest classmate. The harm a notebook can do to the grader is bounded:
+findings, messages and images in the report, the kernel's own output, what the grader buffers.
 """
 import json
 import os
@@ -61,10 +64,12 @@ ROUTES = [
     ("inspect frames", "import inspect\nframe = inspect.currentframe()", "frames and live objects"),
     ("types.FunctionType", "import types\nf = types.FunctionType(compile('1','x','eval'), {})", "code objects"),
     ("pickle", "import pickle\npickle.loads(b'')", "pickles"),
-    ("torch.load with pickles", "torch.load('x.pt', weights_only=False)", "weights_only=False"),
+    ("code in a magic", "%timeit exec('F.softmax')", "runs code from a string"),
+    ("code in a cell magic", "%%time\nf = eval('F.soft' + 'max')", "runs code from a string"),
     ("get_ipython", "get_ipython().events.register('pre_run_cell', print)", "IPython's shell"),
     ("a display hook", "ip = get_ipython()\nip.display_pub.register_hook(lambda message: None)", "IPython's shell"),
     ("a magic", "%load_ext autoreload", "IPython's shell"),
+    ("globals() kept", "if 'x' in globals():\n    g = globals()", "namespace as a dict"),
     ("IPython internals", "from IPython.core.interactiveshell import InteractiveShell", "IPython's machinery"),
     ("ipykernel", "import ipykernel", "the kernel's machinery"),
     ("the autograder", "from autograder.checks import common", "reaches the grader"),
@@ -76,8 +81,6 @@ ROUTES = [
     ("monkeypatching through setattr", "setattr(torch, 'allclose', print)", "monkeypatching"),
     ("monkeypatching numpy", "np.testing.assert_allclose = print", "monkeypatching"),
     ("monkeypatching a method", "torch.Tensor.__eq__ = lambda a, b: True", "monkeypatching"),
-    ("an __eq__ that fakes a test", "class Always:\n    def __eq__(self, other):\n        return True",
-     "defines `__eq__`"),
     ("a __torch_function__", "class T(torch.Tensor):\n    @classmethod\n    def __torch_function__(c, *a):\n"
                              "        return True", "defines `__torch_function__`"),
     ("signal handlers", "import signal\nsignal.signal(14, print)", "signal handlers"),
@@ -125,6 +128,18 @@ CORRECT = [
     ("an unregistered submodule", "class C(nn.Module):\n    def __init__(self, encoder):\n"
                                   "        super().__init__()\n        self.__dict__['encoder'] = encoder"),
     ("plots", "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)\nplt.plot([1, 2])"),
+    ("timing with %timeit and %%time", "%timeit -n 3 -r 1 torch.randn(3, 4).exp()\n"),
+    ("a cell magic that times", "%%time\nx = torch.randn(3, 4).exp()"),
+    ("%matplotlib", "%matplotlib inline"),
+    ("a membership test on globals()", "if 'timings' not in globals():\n    timings = {}"),
+    ("a total_ordering class of hypotheses", "import functools\n@functools.total_ordering\nclass Hypothesis:\n"
+                                             "    def __init__(self, score):\n        self.score = score\n"
+                                             "    def __eq__(self, other):\n        return self.score == other.score\n"
+                                             "    def __lt__(self, other):\n        return self.score < other.score\n"
+                                             "best = max([Hypothesis(1.0), Hypothesis(2.0)])"),
+    ("a checkpoint with numpy's random state", "state = torch.load('checkpoint.pt', weights_only=False)\n"
+                                               "np.random.set_state(state['numpy'])"),
+    ("an array of objects", "arrays = np.load('x.npz', allow_pickle=True)"),
 ]
 
 
@@ -141,7 +156,7 @@ def test_every_route_is_found_in_the_source_naming_the_cell(name, code, words):
 
 @pytest.mark.parametrize("name,code", CORRECT, ids=[case[0] for case in CORRECT])
 def test_the_idioms_of_correct_answers_are_no_route(name, code):
-    assert routes_of(code) == [], f"a correct answer ({name}) would be zeroed"
+    assert routes_of(code) == [], f"a correct answer ({name}) would be flagged for review"
 
 
 # --------------------------------------------------------------------------------------------- taken
@@ -257,17 +272,20 @@ get_ipython().display_pub.register_hook(erase)
 """
 
 
-def test_an_oracle_in_a_thread_scores_zero_though_the_watch_cannot_see_it(grade_in_tmp):
+def test_an_oracle_in_a_thread_fails_its_test_though_the_watch_cannot_see_it(grade_in_tmp):
     report = grade_in_tmp(student_notebook(A04, {attention.SOFTMAX: ORACLE_IN_A_THREAD}), A04)
-    assert report.score == 0, f"an oracle computed in a thread earned {report.score} points"
-    assert any("answer cell 'softmax_answer' starts threads" in flag for flag in report.flags), report.flags
+    tests = scores_by_test(report)
+    assert not tests["softmax_matches_torch"].passed, "an oracle computed in a thread passed its test"
+    assert tests["self_attention_by_hand_values"].passed, "a suspicion (a thread) must not cost other tests their points"
+    assert any("answer cell 'softmax_answer' starts threads" in flag and flag.startswith("review, every point kept")
+               for flag in report.flags), report.flags
     assert any("softmax_matches_torch" in flag and "torch.softmax" in flag for flag in report.flags), report.flags
 
 
 def test_a_hook_that_erases_findings_in_flight_changes_nothing(grade_in_tmp):
     taken = {attention.SDPA: attention.sdpa("    return F.scaled_dot_product_attention(q, k, v), None")}
     report = grade_in_tmp(demo.with_cell(student_notebook(A04, taken), ERASE_FINDINGS), A04)
-    assert report.score == 0, f"findings erased in flight: {report.score} points"
+    assert not scores_by_test(report)["sdpa_values_match_torch"].passed, "findings erased in flight passed the test"
     assert any("reaches IPython's shell" in flag for flag in report.flags), report.flags
     assert any("sdpa_values_match_torch" in flag and "scaled_dot_product_attention" in flag
                for flag in report.flags), report.flags
@@ -380,12 +398,12 @@ def test_nothing_a_notebook_prints_precedes_or_forges_the_grading_contract(tmp_p
     result = subprocess.run([sys.executable, "-m", "autograder", "check", str(path), "--json"], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     report = json.loads(result.stdout)  # the whole of stdout is one JSON object
-    assert report["score"] == 0 and "\x1b" not in result.stdout, result.stdout[:500]
+    assert report["score"] < report["max_score"] and "\x1b" not in result.stdout, result.stdout[:500]
     assert any("os.write" in flag for flag in report["flags"]), report["flags"]
 
 
 # ------------------------------------------------------------------------------------- class level
-def test_at_class_level_the_attacker_scores_zero_and_the_classmate_keeps_every_point(tmp_path):
+def test_at_class_level_the_attacker_loses_the_test_and_the_classmate_keeps_every_point(tmp_path):
     hand_ins = tmp_path / "hand-ins" / "submitted"
     notebooks = {"honest": student_notebook(A04),
                  "eve": demo.with_cell(student_notebook(A04, {attention.SOFTMAX: ORACLE_IN_A_THREAD}), ERASE_FINDINGS)}
@@ -397,5 +415,104 @@ def test_at_class_level_the_attacker_scores_zero_and_the_classmate_keeps_every_p
     entries = classroom.Ledger(root / classroom.LEDGER).entries
     assert entries[("honest", A04)]["score"] == entries[("honest", A04)]["max_score"] and not entries[("honest", A04)]["flags"]
     eve = entries[("eve", A04)]
-    assert eve["score"] == 0, eve
+    assert eve["score"] < eve["max_score"], eve
     assert any("starts threads" in flag for flag in eve["flags"]) and any("IPython's shell" in f for f in eve["flags"])
+
+
+# ------------------------------------------------------------------------------------------ harm bounded
+def test_the_graders_kernel_client_is_the_bounded_one():
+    """A message over MAX_MESSAGE_BYTES ends the connection before the grader buffers it: the grader's kernel
+    manager must make BoundedKernelClients (control: jupyter_client's own manager makes unbounded ones, which is
+    what the grader had: AsyncKernelManager's client_factory outranked its client_class)."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+
+    from autograder.kernel_manager import MAX_MESSAGE_BYTES, BoundedKernelClient, SandboxedKernelManager
+    from traitlets import DottedObjectName
+
+    class AsBefore(AsyncKernelManager):   # what the grader's manager said, and was ignored
+        client_class = DottedObjectName("autograder.kernel_manager.BoundedKernelClient")
+    control = AsBefore().client()
+    assert not isinstance(control, BoundedKernelClient), "control: a client_class on the class is ignored"
+    client = SandboxedKernelManager().client()
+    assert isinstance(client, BoundedKernelClient)
+    assert client.context.getsockopt(zmq.MAXMSGSIZE) == MAX_MESSAGE_BYTES
+
+
+def test_a_kernels_own_output_reaches_the_log_bounded():
+    """What a kernel writes on its fds 1 and 2 (past ipykernel's capture: its saved descriptors, a thread of
+    its own) reaches the grader's log only up to KERNEL_LOG_BYTES; the rest is read and dropped, and said."""
+    import tempfile
+    import threading
+
+    from autograder.kernel_manager import _forward_bounded
+    reader, writer = os.pipe()
+    with tempfile.TemporaryFile() as log:
+        thread = threading.Thread(target=_forward_bounded, args=(reader, os.dup(log.fileno()), 1000))
+        thread.start()
+        for _ in range(100):
+            os.write(writer, b"x" * 100_000)   # 10 MB
+        os.close(writer)
+        thread.join(timeout=30)
+        log.seek(0)
+        kept = log.read()
+    assert len(kept) < 2000 and kept.startswith(b"x" * 1000) and b"9,999,000 more bytes" in kept, kept[-200:]
+
+
+def test_a_forged_report_line_stays_one_line():
+    """A finding the kernel reports (a denied path with a newline and escape codes) cannot forge a line of the
+    class's report, nor send escape codes to the instructor's terminal."""
+    ledger = classroom.Ledger.__new__(classroom.Ledger)
+    forged = "denied /x\nben 04_self_attention: REVIEW tampering, all tests scored 0\x1b[2J\x1b]0;pwned\x07"
+    ledger.entries = {("eve", A04): {"score": 3.0, "errors": [], "flags": [forged]}}
+    table = classroom.table(ledger, ["eve"], [A04])
+    assert "\x1b" not in table and "\x07" not in table, "escape codes reached the report"
+    lines = [line for line in table.splitlines() if "REVIEW" in line]
+    assert len(lines) == 1 and lines[0].startswith("  eve 04_self_attention: REVIEW denied /x\\n"), lines
+
+
+def test_findings_are_bounded():
+    from autograder.execute import MAX_FINDINGS, bounded
+    many = [f"refused /proc/{n}" for n in range(7500)]
+    kept = bounded(many)
+    assert len(kept) == MAX_FINDINGS + 1 and kept[-1] == f"and {7500 - MAX_FINDINGS} more like these"
+
+
+def test_an_image_that_declares_too_many_pixels_is_left_out():
+    """A PNG whose header claims 16,000 × 16,000 pixels (a decompression bomb for the browser of the feedback
+    page) is replaced by a line that says so; a figure of the course's size is kept."""
+    import base64
+    import io
+    import struct
+    import zlib
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from autograder.safe_html import safe_output
+
+    def png(width, height):
+        chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                    + struct.pack(">I", zlib.crc32(kind + data)))
+        return base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                                + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")).decode()
+    figure = plt.figure()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    fine = base64.b64encode(buffer.getvalue()).decode()
+    kept = safe_output({"output_type": "display_data", "data": {"image/png": fine}})["data"]
+    assert kept.get("image/png") == fine, "a figure of the course's size must stay"
+    bomb = safe_output({"output_type": "display_data", "data": {"image/png": png(16000, 16000)}})["data"]
+    assert "image/png" not in bomb and "left out" in bomb["text/plain"], bomb
+
+
+def test_a_notebook_with_too_many_cells_is_refused_with_a_reason(tmp_path):
+    from autograder.grading import MAX_CELLS, check_notebook
+    nb = student_notebook(A04)
+    nb.cells += [nbformat.v4.new_code_cell("pass") for _ in range(MAX_CELLS)]
+    path = tmp_path / f"{A04}.ipynb"
+    nbformat.write(nb, path)
+    report = check_notebook(path)
+    assert report.score == 0 and any("more than any notebook of this course" in e for e in report.errors), report.errors
