@@ -416,6 +416,12 @@ def test_at_class_level_the_attacker_loses_the_test_and_the_classmate_keeps_ever
     assert entries[("honest", A04)]["score"] == entries[("honest", A04)]["max_score"] and not entries[("honest", A04)]["flags"]
     eve = entries[("eve", A04)]
     assert eve["score"] < eve["max_score"], eve
+    # her suspicions (a thread, IPython's shell) put her notebook in nbgrader's manual-grading queue, his not
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        queued = {student: gradebook.find_submission_notebook(A04, A04, student) for student in notebooks}
+        assert queued["eve"].flagged and queued["eve"].needs_manual_grade, "eve's notebook is not queued for review"
+        assert not queued["honest"].flagged and not queued["honest"].needs_manual_grade
     assert any("starts threads" in flag for flag in eve["flags"]) and any("IPython's shell" in f for f in eve["flags"])
 
 
