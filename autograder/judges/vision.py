@@ -17,6 +17,7 @@ from autograder.checks.vision import (
     EPOCH_CASES,
     FEATURE_CASES,
     INTERPOLATE_CASES,
+    KEEPS_CLS_GRID,
     PARITY_DIMS,
     PATCHIFY_CASES,
     POOLING_DIMS,
@@ -318,9 +319,11 @@ def judge_load_hf_vit_parity_float32(seeds, data):
 @load_hf_vit_parity_float64.judge
 def judge_load_hf_vit_parity_float64(seeds, data):
     state, logits = data
-    if logits.dtype != torch.float64:
-        raise AssertionError("the loaded float64 model returned float32 logits: copy_ keeps the model's dtype; don't "
-                             "replace its parameters.")
+    rebound = [name for name, tensor in state.items() if tensor.dtype != torch.float64]
+    if rebound or logits.dtype != torch.float64:
+        raise AssertionError(f"after loading into a float64 model, {(rebound or ['the logits'])[0]} is not float64: "
+                             "copy_ into each parameter, which keeps the model's dtype; rebinding `.data` (or replacing "
+                             "the parameter) puts transformers' tensor in its place.")
     weights, images = vit_case(seeds, 1211, PARITY_DIMS)
     _judge_loaded(state, logits, weights, PARITY_DIMS, images, 1e-12, "the logits after loading (float64, to 1e-12)")
 
@@ -393,8 +396,10 @@ def judge_interpolate_positions_keeps_cls(seeds, outputs):
     expect_close(same, cases[3][0], "positions resized to their own grid", "Bicubic to the same size is the identity.",
                  rtol=0, atol=1e-10)
     table = cases[1][0]
-    expect_shape(expect_tensor(other, "interpolate_positions"), (1, 10, table.shape[-1]), "positions resized to 3x3")
-    expect_close(other[:, 0], table[:, 0], "slot 0 after resizing to 3x3",
+    rows, columns = KEEPS_CLS_GRID
+    expect_shape(expect_tensor(other, "interpolate_positions"), (1, 1 + rows * columns, table.shape[-1]),
+                 f"positions resized from 3x3 to {rows}x{columns}")
+    expect_close(other[:, 0], table[:, 0], f"slot 0 after resizing from 3x3 to {rows}x{columns}",
                  "[CLS] has no place in the grid: it stays as it was.", rtol=0, atol=0)
 
 

@@ -198,14 +198,14 @@ MUTANTS = [
     Variant("patchify_patches_column_by_column", {PATCHIFY: patchify('''
     grid = images.reshape(B, C, H // P, P, W // P, P).permute(0, 4, 2, 1, 3, 5)
     return grid.reshape(B, -1, C * P * P)
-''')}, loses=("patchify_order",), message="column by column"),
+''')}, loses=("patchify_order",), message="Patches row by row"),
     Variant("patchify_pixels_column_by_column", {PATCHIFY: patchify('''
     grid = images.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 5, 3)
     return grid.reshape(B, -1, C * P * P)
-''')}, loses=("patchify_order",), message="inside each patch"),
+''')}, loses=("patchify_order",), message="pixels row by row"),
     Variant("patchify_reshape_without_permute", {PATCHIFY: patchify('''
     return images.reshape(B, (H // P) * (W // P), C * P * P)
-''')}, loses=("patchify_order",), message="strips"),
+''')}, loses=("patchify_order",), message="row by row"),
     Variant("patchify_no_value_error", {PATCHIFY: '''
 def patchify(images, patch_size):
     B, C, H, W = images.shape
@@ -224,10 +224,10 @@ def patchify(images, patch_size):
     Variant("unpatchify_reads_channel_last", {UNPATCHIFY: unpatchify('''
     grid = patches.reshape(B, height // P, width // P, P, P, C).permute(0, 5, 1, 3, 2, 4)
     return grid.reshape(B, C, height, width)
-''')}, loses=("unpatchify_inverts_patchify",), message="channel-last"),
+''')}, loses=("unpatchify_inverts_patchify",), message="reverse order"),
     Variant("unpatchify_reshape_only", {UNPATCHIFY: unpatchify('''
     return patches.reshape(B, C, height, width)
-''')}, loses=("unpatchify_inverts_patchify",), message="undo patchify"),
+''')}, loses=("unpatchify_inverts_patchify",), message="reverse order"),
     # ---- PatchEmbedding
     Variant("patch_embedding_without_bias", {EMBEDDING: embedding(
         "        self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model, bias=False)\n",
@@ -242,33 +242,33 @@ def patchify(images, patch_size):
     Variant("conv_weight_flattened_channel_last", {CONV: '''
 def conv_weight_as_linear(weight):
     return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
-'''}, loses=("conv_equals_linear_patch_embedding",), message="channel-last"),
+'''}, loses=("conv_equals_linear_patch_embedding",), message="channel first"),
     Variant("conv_weight_rows_and_columns_swapped", {CONV: '''
 def conv_weight_as_linear(weight):
     return weight.transpose(2, 3).reshape(weight.shape[0], -1)
-'''}, loses=("conv_equals_linear_patch_embedding",), message="swapped"),
+'''}, loses=("conv_equals_linear_patch_embedding",), message="patchify's order"),
     Variant("conv_weight_transposed", {CONV: '''
 def conv_weight_as_linear(weight):
     return weight.reshape(weight.shape[0], -1).T
-'''}, loses=("conv_equals_linear_patch_embedding",), message="shape"),
+'''}, loses=("conv_equals_linear_patch_embedding",), message="must match"),
     # ---- add_cls_and_positions
     Variant("cls_appended_instead_of_prepended", {CLS: cls('''
     return torch.cat([patch_tokens, cls_token.expand(len(patch_tokens), -1, -1)], dim=1) + pos_embed
-''')}, loses=("add_cls_and_positions_values",), message="appended"),
+''')}, loses=("add_cls_and_positions_values",), message="prepend it"),
     Variant("positions_added_before_cls_is_concatenated", {CLS: cls('''
     tokens = patch_tokens + pos_embed[:, 1:]
     return torch.cat([cls_token.expand(len(patch_tokens), -1, -1), tokens], dim=1)
-''')}, loses=("add_cls_and_positions_values",), message="before the [CLS] token"),
+''')}, loses=("add_cls_and_positions_values",), message="then add the positions"),
     Variant("cls_position_skipped", {CLS: cls('''
     tokens = patch_tokens + pos_embed[:, :patch_tokens.shape[1]]
     return torch.cat([cls_token.expand(len(patch_tokens), -1, -1), tokens], dim=1)
-''')}, loses=("add_cls_and_positions_values",), message="[CLS] none"),
+''')}, loses=("add_cls_and_positions_values",), message="position 0"),
     # ---- VisionTransformer
     Variant("vit_pools_the_last_token", {VIT: replaced(VIT_BASE, ('hidden[:, 0] if self.pool == "cls"',
                                                                   'hidden[:, -1] if self.pool == "cls"'))},
             loses=("vision_transformer_pooling",), message="last slot"),
     Variant("vit_mean_pool_includes_cls", {VIT: replaced(VIT_BASE, ("hidden[:, 1:].mean(dim=1)", "hidden.mean(dim=1)"))},
-            loses=("vision_transformer_pooling",), message="included the [CLS]"),
+            loses=("vision_transformer_pooling",), message="slots 1..N"),
     Variant("vit_without_final_norm", {VIT: replaced(VIT_BASE, ("        return self.norm(x)", "        return x"))},
             loses=("vision_transformer_features",), message="final LayerNorm"),
     Variant("vit_post_ln_layers", {VIT: replaced(VIT_BASE, ("norm_first=True", "norm_first=False"))},
@@ -290,20 +290,20 @@ def conv_weight_as_linear(weight):
     Variant("load_conv_weight_channel_last", {LOAD: replaced(LOAD_BASE, (
         "conv_weight_as_linear(projection.weight)",
         "projection.weight.permute(0, 2, 3, 1).reshape(projection.weight.shape[0], -1)"))},
-            loses=("load_hf_vit_parity_float32", "load_hf_vit_parity_float64"), message="channel-last"),
+            loses=("load_hf_vit_parity_float32", "load_hf_vit_parity_float64"), message="conv weight's layout"),
     Variant("load_norms_swapped", {LOAD: replaced(LOAD_BASE, ("pair(ours.norm1, theirs.layernorm_before)",
                                                               "pair(ours.norm1, theirs.layernorm_after)"),
                                                   ("pair(ours.norm2, theirs.layernorm_after)",
                                                    "pair(ours.norm2, theirs.layernorm_before)"))},
-            loses=("load_hf_vit_parity_float32", "load_hf_vit_any_size"), message="norm1 and norm2 are swapped"),
+            loses=("load_hf_vit_parity_float32", "load_hf_vit_any_size"), message="norm1 is layernorm_before"),
     Variant("load_forgets_the_final_norm", {LOAD: replaced(LOAD_BASE, ("        pair(model.norm, hf_vit.vit.layernorm)\n", ""))},
-            loses=("load_hf_vit_parity_float32",), message="norm.weight"),
+            loses=("load_hf_vit_parity_float32",), message="Copy every row"),
     Variant("load_without_strict_zip", {LOAD: replaced(LOAD_BASE, (", strict=True)", ")"))},
             loses=("load_hf_vit_any_size",), message="without an error"),
     Variant("load_rebinds_data_in_float32", {LOAD: replaced(LOAD_BASE, (
         "        model.cls_token.copy_(embeddings.cls_token)",
         "        model.cls_token.data = embeddings.cls_token.data.float()"))},
-            loses=("load_hf_vit_parity_float64",), message="float32"),
+            loses=("load_hf_vit_parity_float64",), message="rebinding"),
     # ---- interpolate_positions
     Variant("interpolate_ignores_the_cls_slot", {INTERPOLATE: '''
 def interpolate_positions(pos_embed, new_grid):
@@ -311,16 +311,16 @@ def interpolate_positions(pos_embed, new_grid):
     sequence = pos_embed.transpose(1, 2)
     resized = F.interpolate(sequence, size=1 + rows * columns, mode="linear", align_corners=False)
     return resized.transpose(1, 2)
-'''}, loses=("interpolate_positions_values", "interpolate_positions_keeps_cls"), message="[CLS] slot was interpolated"),
+'''}, loses=("interpolate_positions_values", "interpolate_positions_keeps_cls"), message="Keep [CLS]'s slot apart"),
     Variant("interpolate_drops_the_cls_slot", {INTERPOLATE: replaced(INTERPOLATE_BASE, (
         "    return torch.cat([cls_slot, patches], dim=1)", "    return patches"))},
             loses=("interpolate_positions_values", "interpolate_positions_keeps_cls"), message="shape"),
     Variant("interpolate_bilinear", {INTERPOLATE: replaced(INTERPOLATE_BASE, ('mode="bicubic"', 'mode="bilinear"'))},
-            loses=("interpolate_positions_values",), message="bilinear"),
+            loses=("interpolate_positions_values",), message="bicubically"),
     Variant("interpolate_rows_and_columns_swapped", {INTERPOLATE: replaced(INTERPOLATE_BASE, (
         "size=tuple(new_grid)", "size=tuple(new_grid)[::-1]"), (
         "patches = grid.permute(0, 2, 3, 1).reshape(1, -1, d)", "patches = grid.permute(0, 3, 2, 1).reshape(1, -1, d)"))},
-            loses=("interpolate_positions_values",), message="rows and columns are swapped"),
+            loses=("interpolate_positions_values",), message="row-major"),
     # ---- train_epoch
     Variant("train_epoch_forgets_zero_grad", {EPOCH: replaced(EPOCH_BASE, ("        optimizer.zero_grad()\n", ""))},
             loses=("train_epoch_steps",), message="zero_grad"),
@@ -337,29 +337,29 @@ def interpolate_positions(pos_embed, new_grid):
         "range(0, len(order), batch_size)", "range(0, len(order) - batch_size + 1, batch_size)"))},
             loses=("train_epoch_steps",), message="batches"),
     Variant("train_epoch_never_steps", {EPOCH: replaced(EPOCH_BASE, ("        optimizer.step()\n", ""))},
-            loses=("train_epoch_steps", "train_epoch_learns", "vit_trained_accuracy"), message="weights"),
+            loses=("train_epoch_steps", "train_epoch_learns", "vit_trained_accuracy"), message="the batch losses"),
     # ---- attention_rollout
     Variant("rollout_in_the_wrong_order", {ROLLOUT: replaced(ROLLOUT_BASE, ("rollout = mixed @ rollout",
                                                                             "rollout = rollout @ mixed"))},
-            loses=("attention_rollout_values",), message="wrong order"),
+            loses=("attention_rollout_values",), message="from the left"),
     Variant("rollout_without_the_residual", {ROLLOUT: replaced(ROLLOUT_BASE, (
         "(weights.mean(dim=1) + torch.eye(T, dtype=weights.dtype)) / 2", "weights.mean(dim=1)"))},
-            loses=("attention_rollout_values",), message="identity"),
+            loses=("attention_rollout_values",), message="add the identity"),
     Variant("rollout_max_over_heads", {ROLLOUT: replaced(ROLLOUT_BASE, ("weights.mean(dim=1)", "weights.amax(dim=1)"))},
-            loses=("attention_rollout_values",), message="maximum"),
+            loses=("attention_rollout_values",), message="Average the heads"),
     Variant("rollout_rows_not_renormalised", {ROLLOUT: replaced(ROLLOUT_BASE, (
         "        mixed = mixed / mixed.sum(dim=-1, keepdim=True)\n", ""))},
-            loses=("attention_rollout_unnormalised_rows",), message="renormalised"),
+            loses=("attention_rollout_unnormalised_rows",), message="divide each row by its sum"),
     # ---- the optional stretch
     Variant("mae_mask_left_in_shuffled_order", {MAE: replaced(MAE_BASE, (
         "    mask = torch.gather(mask, 1, ids_restore)\n", ""))},
-            loses=("stretch_random_masking",), message="shuffled order"),
+            loses=("stretch_random_masking",), message="0 where kept"),
     Variant("mae_keeps_the_largest_noise", {MAE: replaced(MAE_BASE, ("torch.argsort(noise, dim=1)",
                                                                      "torch.argsort(noise, dim=1, descending=True)"))},
-            loses=("stretch_random_masking",), message="largest noise"),
+            loses=("stretch_random_masking",), message="smallest noise"),
     Variant("mae_loss_over_every_patch", {MAE: replaced(MAE_BASE, ("(per_patch * mask).sum() / mask.sum()",
                                                                    "per_patch.mean()"))},
-            loses=("stretch_masked_patch_loss",), message="every patch"),
+            loses=("stretch_masked_patch_loss",), message="Only the hidden patches"),
 ]
 
 
