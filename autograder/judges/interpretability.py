@@ -76,7 +76,7 @@ def hf_model(state, dims=DIMS):
     with torch.random.fork_rng(devices=[]):
         model = GPT2LMHeadModel(config).double().eval()
     model.load_state_dict(hf_state(state, dims["num_layers"]), strict=True)
-    return model
+    return model.requires_grad_(False)
 
 
 def oracle_for(seeds, n):

@@ -112,24 +112,24 @@ def dla(body):
 MUTANTS = [
     # ---- run_with_cache
     Variant("cache_resid_before_the_residual_add", {CACHE: cache(streams_hook="streams.append(output - args[0])")},
-            loses=("run_with_cache_residual",), message="residual connection"),
+            loses=("run_with_cache_residual",), message="includes its input"),
     Variant("cache_resid_of_the_attention_sublayer", {CACHE: cache(
         streams_hook="streams.append(output)").replace(
         "handles.append(block.register_forward_hook(", "handles.append(block.self_attn.register_forward_hook(")},
         loses=("run_with_cache_residual",), message="resid"),
     Variant("cache_pattern_before_the_causal_mask", {CACHE: cache(
         pattern_line="patterns.append(torch.softmax(scores, dim=-1))")},
-        loses=("run_with_cache_pattern",), message="causal mask"),
+        loses=("run_with_cache_pattern",), message="may not look at keys after t"),
     Variant("cache_pattern_before_the_softmax", {CACHE: cache(
         pattern_line='patterns.append(scores.masked_fill(future, float("-inf")).clamp(min=-1e9))')},
-        loses=("run_with_cache_pattern",), message="sums to 1"),
+        loses=("run_with_cache_pattern",), message="sum to 1"),
     Variant("cache_pattern_unscaled", {CACHE: cache(
         pattern_line='patterns.append(torch.softmax((scores * math.sqrt(d // h)).masked_fill(future, '
                      'float("-inf")), dim=-1))')},
         loses=("run_with_cache_pattern",), message="√d_head"),
     Variant("cache_z_heads_split_without_transpose", {CACHE: cache(
         z_line="heads.append(merged_heads.view(B, h, T, d // h))")},
-        loses=("run_with_cache_z",), message="side by side"),
+        loses=("run_with_cache_z",), message="then transpose"),
     Variant("cache_hooks_left_on_the_model", {CACHE: cache(remove=False)},
             loses=CACHE_TESTS, message="hook"),
     # ---- head_scores
@@ -138,7 +138,7 @@ MUTANTS = [
     previous = pattern.diagonal(0, -2, -1)[..., 1:].mean((1, -1))
     first = pattern[..., 1:, 0].mean((1, -1))""" + SCORES_DUPLICATE + """
     return {"previous": previous, "first": first, "duplicate": duplicate}
-""")}, loses=("head_scores_previous_and_first",), message="diagonal"),
+""")}, loses=("head_scores_previous_and_first",), message="weight on t - 1"),
     Variant("scores_first_counts_query_zero", {SCORES: scores("""
     T = pattern.shape[-1]
     previous = pattern.diagonal(-1, -2, -1).mean((1, -1))
@@ -164,7 +164,7 @@ MUTANTS = [
     earlier = same & torch.ones(T, T, dtype=torch.bool).tril(-1)
     duplicate = (pattern * earlier[None, :, None]).sum(-1).mean((1, 3))
     return {"previous": previous, "first": first, "duplicate": duplicate}
-""")}, loses=("head_scores_duplicate",), message="earlier duplicate"),
+""")}, loses=("head_scores_duplicate",), message="own position does not count"),
     # Hard-coding the visible example's answer must earn nothing: the hidden patterns are random.
     Variant("scores_hard_coded_visible_answer", {SCORES: scores("""
     return {"previous": torch.tensor([[1.0, 1 / 3, 1 / 6]]), "first": torch.tensor([[1 / 3, 1.0, 1 / 6]]),
@@ -184,7 +184,7 @@ MUTANTS = [
     Variant("loss_not_shifted", {LOSS: loss("""
     losses = F.cross_entropy(logits.transpose(1, 2), input_ids, reduction="none")
     return losses.mean(0)[:-1]
-""")}, loses=("loss_by_position_values",), message="NEXT token"),
+""")}, loses=("loss_by_position_values",), message="predicts input_ids[:, t + 1]"),
     Variant("loss_averaged_over_positions", {LOSS: loss("""
     losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")
     return losses.mean(1)
@@ -193,7 +193,7 @@ MUTANTS = [
     Variant("prefix_offset_by_one", {PREFIX: prefix("""
     queries = torch.arange(length + 1, 2 * length + 1)
     return pattern[..., queries, queries - length].mean((1, -1))
-""")}, loses=("prefix_matching_score_values",), message="earlier copy"),
+""")}, loses=("prefix_matching_score_values",), message="one past its token"),
     Variant("prefix_queries_start_late", {PREFIX: prefix("""
     queries = torch.arange(length + 2, 2 * length + 1)
     return pattern[..., queries, queries - length + 1].mean((1, -1))
@@ -201,9 +201,9 @@ MUTANTS = [
     # ---- ablate_head
     Variant("ablate_the_next_heads_slice", {ABLATE: ablate(
         "merged[..., (head + 1) * d_head:(head + 2) * d_head] = 0.0")},
-        loses=("ablate_head_values",), message="slice"),
+        loses=("ablate_head_values",), message="Zero columns"),
     Variant("ablate_positions_instead_of_columns", {ABLATE: ablate("merged[:, head * d_head:(head + 1) * d_head] = 0.0")},
-        loses=("ablate_head_values",), message="ablate_head"),
+        loses=("ablate_head_values",), message="Zero columns"),
     Variant("ablate_leaves_its_hook", {ABLATE: ablate("merged[..., head * d_head:(head + 1) * d_head] = 0.0",
                                                       remove=False)},
             loses=("ablate_head_leaves_the_model",), message="hook"),
@@ -213,11 +213,11 @@ def ablate_head(model, input_ids, layer, head):
     d_head = attention.c_proj.in_features // attention.num_heads
     attention.c_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
     return model(input_ids)
-'''}, loses=("ablate_head_leaves_the_model",), message="weights"),
+'''}, loses=("ablate_head_leaves_the_model",), message="changed the model's weights"),
     # ---- logit_lens
     Variant("lens_without_the_final_layernorm", {LENS: lens("""
     return model.lm_head(resid)
-""")}, loses=("logit_lens_values",), message="final LayerNorm"),
+""")}, loses=("logit_lens_values",), message="through final_norm and lm_head"),
     # ---- patch_residual
     Variant("patch_writes_into_the_clean_cache", {PATCH: patch("""
     def swapped(stream):
@@ -233,7 +233,7 @@ def ablate_head(model, input_ids, layer, head):
         return model(corrupted_ids)
     finally:
         handle.remove()
-""")}, loses=("patch_residual_keeps_the_clean_cache",), message="changed the clean cache"),
+""")}, loses=("patch_residual_keeps_the_clean_cache",), message="wrote into the clean cache"),
     Variant("patch_one_block_late", {PATCH: patch("""
     def swapped(stream):
         stream = stream.clone()
@@ -245,7 +245,7 @@ def ablate_head(model, input_ids, layer, head):
         return model(corrupted_ids)
     finally:
         handle.remove()
-""")}, loses=("patch_residual_values",), message="one block late"),
+""")}, loses=("patch_residual_values",), message="enters block"),
     Variant("patch_every_position", {PATCH: patch("""
     def swapped(stream):
         return clean_resid[layer].clone()
@@ -257,7 +257,7 @@ def ablate_head(model, input_ids, layer, head):
         return model(corrupted_ids)
     finally:
         handle.remove()
-""")}, loses=("patch_residual_values",), message="patch_residual"),
+""")}, loses=("patch_residual_values",), message="Patch `position` only"),
     # ---- patch_head
     Variant("patch_head_into_the_next_slice", {PATCH_HEAD: patch_head("""
     attention = model.blocks[layer].self_attn
@@ -273,7 +273,7 @@ def ablate_head(model, input_ids, layer, head):
         return model(corrupted_ids)
     finally:
         hook.remove()
-""")}, loses=("patch_head_values",), message="slice"),
+""")}, loses=("patch_head_values",), message="another head's slice"),
     Variant("patch_head_writes_into_the_clean_cache", {PATCH_HEAD: patch_head("""
     attention = model.blocks[layer].self_attn
     width = attention.c_proj.in_features // attention.num_heads
@@ -288,14 +288,14 @@ def ablate_head(model, input_ids, layer, head):
         return model(corrupted_ids)
     finally:
         hook.remove()
-""")}, loses=("patch_head_values",), message="changed the clean cache"),
+""")}, loses=("patch_head_values",), message="wrote into the clean cache"),
     # ---- the stated result
     Variant("stated_the_second_best_head", {STATED: """NAME_MOVER_HEAD = (2, 2)
 NAME_ARRIVES_AT = 3
 """}, loses=("name_mover_stated",), message="NAME_MOVER_HEAD"),
     Variant("stated_the_stream_of_the_movers_block", {STATED: """NAME_MOVER_HEAD = (2, 1)
 NAME_ARRIVES_AT = 2
-"""}, loses=("name_mover_stated",), message="NAME_ARRIVES_AT"),
+"""}, loses=("name_mover_stated",), message="b + 1"),
     # ---- direct_logit_attribution
     Variant("dla_without_the_final_layernorm", {DLA: dla("""
     direction = model.lm_head.weight[token] - model.lm_head.weight[other]
