@@ -1,6 +1,6 @@
 """Notebook 09's GPT in GPT-2's own attention layout: one fused `c_attn` projection for queries, keys and values.
 
-The course's first reference GPT (`courselib.gpt.GPT`, which notebooks 10 and 11 and the shipped checkpoint use)
+The course's first reference GPT (`courselib.gpt.GPT`, which notebook 11 and the shipped checkpoint use)
 builds its attention from notebook 05's `MultiHeadAttention`, with three separate projections. This module is the
 reference for what learners write in notebook 09, in nanoGPT's form:
 
@@ -14,6 +14,8 @@ with a KV cache (a list with one entry per block, None or (keys, values); `new_c
 `courselib.gpt.generate` works on this class too. `gpt2_init` is GPT-2's initialisation, the residual projections scaled by 1/sqrt(2 L).
 The block has no attention dropout (GPT-2's `attn_pdrop`): only the residual branches and the embeddings drop.
 
+Notebook 09's learners write all of this, so 09's grading kernel never imports this module (09's hidden checks
+hold small references of their own); later notebooks may.
 autograder/tests/test_gpt_lib.py proves it against transformers.
 """
 import math

@@ -1,4 +1,4 @@
-"""The modern decoder's pieces, as the course's references, and a Llama-style language model built from them.
+"""The modern decoder's pieces, as the course's references, and the helpers notebook 09 uses beside them.
 
 Learners write the pieces in earlier notebooks' stretch exercises; notebook 09 reaches their versions through
 `courselib.seam.earlier(...)` and falls back on these when an earlier notebook is unfinished:
@@ -10,9 +10,10 @@ Learners write the pieces in earlier notebooks' stretch exercises; notebook 09 r
 | `RMSNorm(d_model, eps=1e-6)` | 07 | x / sqrt(mean(x²) + eps) · weight: no centring, no shift |
 | `SwiGLUFeedForward(d_model, d_ff)` | 07 | down_proj(silu(gate_proj(x)) * up_proj(x)), no biases |
 
-`Llama` composes them with Hugging Face's `LlamaForCausalLM` names (`embed_tokens`, `layers[i].input_layernorm`,
-`.self_attn.{q,k,v,o}_proj`, `.post_attention_layernorm`, `.mlp`, `norm`, `lm_head`), so `load_llama_weights`
-copies its state dict by name. No biases anywhere; the head is untied, as in Llama 2 and Llama 3 8B.
+Beside them: `llama_config` (the transformers `LlamaConfig` of a size), `load_llama_weights` (a `LlamaForCausalLM`
+state dict into a model with Hugging Face's names) and `exact_float64` (transformers' Llama computing in float64
+throughout, for 1e-12 comparisons). The Llama model itself, which notebook 09's learners write, is
+`courselib.llama_model` (09's grading kernel never imports it).
 autograder/tests/test_gpt_lib.py proves every piece against transformers.
 """
 import math
@@ -80,74 +81,6 @@ class SwiGLUFeedForward(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class LlamaAttention(nn.Module):
-    """Causal grouped-query attention with rotary positions: q_proj (d -> h d_head), k_proj and v_proj
-    (d -> h_kv d_head), o_proj (h d_head -> d), no biases. forward: x (B, T, d) -> (B, T, d)."""
-
-    def __init__(self, d_model, num_heads, num_kv_heads, rope_base=10000.0):
-        super().__init__()
-        if d_model % num_heads or num_heads % num_kv_heads:
-            raise ValueError("num_heads must divide d_model, and num_kv_heads must divide num_heads")
-        self.num_heads, self.num_kv_heads, self.rope_base = num_heads, num_kv_heads, rope_base
-        self.d_head = d_model // num_heads
-        self.q_proj = nn.Linear(d_model, num_heads * self.d_head, bias=False)
-        self.k_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
-        self.v_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
-        self.o_proj = nn.Linear(num_heads * self.d_head, d_model, bias=False)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)       # (B, h, T, d_head)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)    # (B, h_kv, T, d_head)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)
-        q, k = apply_rope(q, k, base=self.rope_base)                                     # per head, by position
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        heads, _ = grouped_query_attention(q, k, v, mask)                                # (B, h, T, d_head)
-        return self.o_proj(heads.transpose(1, 2).reshape(B, T, -1))
-
-
-class LlamaBlock(nn.Module):
-    """Pre-norm block: x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
-
-    def __init__(self, d_model, num_heads, num_kv_heads, d_ff, eps=1e-6, rope_base=10000.0):
-        super().__init__()
-        self.input_layernorm = RMSNorm(d_model, eps)
-        self.self_attn = LlamaAttention(d_model, num_heads, num_kv_heads, rope_base)
-        self.post_attention_layernorm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLUFeedForward(d_model, d_ff)
-
-    def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Llama(nn.Module):
-    """A Llama-style LM: embed_tokens, layers (LlamaBlock), norm (RMSNorm), lm_head (untied, no bias).
-
-    forward: input_ids (B, T) -> logits (B, T, V). No position table: RoPE carries the positions, so
-    max_positions only states the context the model is trained for (generate() checks it).
-    """
-
-    def __init__(self, vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, max_positions, eps=1e-6,
-                 rope_base=10000.0):
-        super().__init__()
-        self.max_positions = max_positions
-        self.embed_tokens = nn.Embedding(vocab_size, d_model)
-        self.layers = nn.ModuleList(LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, eps, rope_base)
-                                    for _ in range(num_layers))
-        self.norm = RMSNorm(d_model, eps)
-        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        for module in self.modules():   # Llama's initialisation: N(0, 0.02) for every matrix, norms at 1
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-
-    def forward(self, input_ids):
-        x = self.embed_tokens(input_ids)                  # (B, T, d)
-        for layer in self.layers:
-            x = layer(x)
-        return self.lm_head(self.norm(x))                 # (B, T, V)
-
-
 def llama_config(vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, max_positions, eps=1e-6,
                  rope_base=10000.0):
     """The transformers LlamaConfig of these sizes (eager attention, no biases, untied head, no dropout)."""
@@ -158,18 +91,6 @@ def llama_config(vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff,
                        rope_parameters={"rope_type": "default", "rope_theta": rope_base}, hidden_act="silu",
                        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, attention_dropout=0.0,
                        bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="eager")
-
-
-def llama_like(config):
-    """A Llama with the sizes of a transformers LlamaConfig (default RoPE, no biases, untied head)."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default" or config.attention_bias or config.mlp_bias:
-        raise ValueError("Llama implements default RoPE and bias-free layers only")
-    if config.tie_word_embeddings or config.hidden_act != "silu":
-        raise ValueError("Llama has an untied head and SiLU gates")
-    return Llama(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                 config.num_key_value_heads, config.intermediate_size, config.max_position_embeddings,
-                 config.rms_norm_eps, rope.get("rope_theta", 10000.0))
 
 
 def load_llama_weights(model, hf):

@@ -4,16 +4,21 @@ The probe runs in the student's kernel: it builds the hidden inputs and weights 
 the student's code through `call` and returns plain data (outputs, state_dict tensors, recorded
 modes, sampled ids). The judge (autograder/judges/gpt.py) runs in the grader: it rebuilds the same
 inputs and weights from the same seeds and compares with independent oracles:
-- transformers' `GPT2Attention`, `GPT2Block`, `GPT2LMHeadModel` (logits, `generate`) and its causal-LM
-  loss, holding the check's weights in GPT-2's own layout (`hf_state` transposes into Conv1D's (in, out));
+- transformers' `GPT2Attention`, `GPT2Block`, `GPT2LMHeadModel` (logits, `generate`, left-padded batched
+  `generate` with an end-of-sequence token) and its causal-LM loss, holding the check's weights in GPT-2's own
+  layout (`hf_state` transposes into Conv1D's (in, out)); `LlamaForCausalLM` for the Llama and its cache;
+- `torch.optim.AdamW` for the learner's AdamW update;
 - transformers' logits warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `TemperatureLogitsWarper`)
   and exact binomial tail bounds for sampling;
 - hand-written SGD steps and torch's meta tensors for the training loop and the cache's size.
 
-Every exercise is graded on its own: the block is built with a reference `CausalSelfAttention`
-swapped in, the GPT class with a reference `DecoderBlock`; the loader, the loss, the training loop,
-`generate` and the KV cache run on the course's reference `courselib.fused_gpt.GPT` (the notebook's
-layout and names); `sample_next` gets reference filters, `generate` a reference `sample_next`.
+Every exercise is graded on its own: the block is built with a reference attention swapped in, the GPT class with
+a reference block; the loader, the loss, the training loop, `generate` and the KV cache run on a reference GPT in
+the notebook's layout and names; `sample_next` gets reference filters, `generate` a reference `sample_next`. Those
+references are this module's own (`ReferenceGPT`, ...): the course's models (courselib.gpt, courselib.fused_gpt,
+courselib.llama_model) answer 09's exercises, so nothing 09's kernel runs imports them (`HIDDEN_MODULES`: the
+watch looks for their names only where a student's cell has imported one, and importing one while the student's
+code runs is a finding).
 
 Statistical tests (sample_next_distribution) compare counts with exact binomial quantiles at a
 false-failure rate of at most 1e-9 per tail, union-bounded over every category of every case: under
@@ -21,14 +26,32 @@ false-failure rate of at most 1e-9 per tail, union-bounded over every category o
 """
 import inspect
 import math
+import sys
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from autograder.checks.common import call, probe, reference_globals
-from courselib import fused_gpt
-from courselib import llama as llama_reference
-from courselib import gpt as reference
+from autograder.checks.common import call as _plain_call
+from autograder.checks.common import probe, reference_globals
+from courselib import stories
+from courselib.blocks import FeedForward, LayerNorm, LearnedPositionalEmbedding, TokenEmbedding
+from courselib.llama import RMSNorm, SwiGLUFeedForward, apply_rope, grouped_query_attention
+
+# The course's reference models: they answer 09's exercises, so 09's kernel never imports them (the lead hides them
+# from 09's sandbox). Their names stay in the lists below for the grader's reading of the hand-in's source.
+# (A frozenset, not a list: the grader reads module-level lists of dotted names as oracles.)
+HIDDEN_MODULES = frozenset({"courselib.gpt", "courselib.fused_gpt", "courselib.llama_model"})
+
+
+def call(fn, *args, forbidden=(), forbidden_modules=(), **kwargs):
+    """common.call, with the course references of modules this kernel has not imported left to the import watch:
+    resolving their names would import them (and in 09's sandbox they do not exist)."""
+    unloaded = {dotted.rsplit(".", 1)[0] for dotted in forbidden
+                if dotted.rsplit(".", 1)[0] in HIDDEN_MODULES and dotted.rsplit(".", 1)[0] not in sys.modules}
+    watched = [dotted for dotted in forbidden if dotted.rsplit(".", 1)[0] not in unloaded]
+    return _plain_call(fn, *args, forbidden=watched, forbidden_modules=(*forbidden_modules, *sorted(unloaded)),
+                       **kwargs)
 
 
 ATTENTION_SHORTCUTS = ["torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
@@ -37,22 +60,22 @@ ATTENTION_SHORTCUTS = ["torch.nn.MultiheadAttention", "torch.nn.functional.multi
                        "courselib.attention.causal_mask", "courselib.attention.masked_softmax",
                        "courselib.gpt.causal_attention", "courselib.gpt.Block",
                        "courselib.fused_gpt.CausalSelfAttention", "courselib.fused_gpt.attend",
-                       "courselib.fused_gpt.Block",
+                       "courselib.fused_gpt.Block", f"{__name__}.ReferenceAttention", f"{__name__}.ReferenceBlock",
                        "transformers.models.gpt2.modeling_gpt2.GPT2Attention",
                        "transformers.models.gpt2.modeling_gpt2.eager_attention_forward"]
 
 
 BLOCK_SHORTCUTS = ["courselib.fused_gpt.Block", "courselib.gpt.Block", "courselib.gpt.causal_attention",
-                   "courselib.blocks.EncoderLayer", "torch.nn.TransformerEncoderLayer",
+                   f"{__name__}.ReferenceBlock", "courselib.blocks.EncoderLayer", "torch.nn.TransformerEncoderLayer",
                    "torch.nn.TransformerDecoderLayer", "transformers.models.gpt2.modeling_gpt2.GPT2Block"]
 
 
 GPT_SHORTCUTS = ["courselib.fused_gpt.GPT", "courselib.gpt.GPT", "courselib.gpt.Block", "courselib.gpt.causal_attention",
-                 "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel",
+                 f"{__name__}.ReferenceGPT", "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel",
                  "transformers.models.gpt2.modeling_gpt2.GPT2Model"]
 
 
-LOSS_SHORTCUTS = ["courselib.gpt.lm_loss", "transformers.loss.loss_utils.ForCausalLMLoss"]
+LOSS_SHORTCUTS = ["courselib.gpt.lm_loss", f"{__name__}.reference_lm_loss", "transformers.loss.loss_utils.ForCausalLMLoss"]
 
 
 PERPLEXITY_SHORTCUTS = ["courselib.gpt.perplexity"]
@@ -65,25 +88,29 @@ LOADER_SHORTCUTS = ["courselib.fused_gpt.load_gpt2_weights", "courselib.gpt.load
 TRAIN_SHORTCUTS = ["courselib.gpt.pretrain"]
 
 
-TOP_K_SHORTCUTS = ["courselib.gpt.top_k_filter", "transformers.generation.logits_process.TopKLogitsWarper"]
+TOP_K_SHORTCUTS = ["courselib.gpt.top_k_filter", f"{__name__}.reference_top_k_filter",
+                   "transformers.generation.logits_process.TopKLogitsWarper"]
 
 
-TOP_P_SHORTCUTS = ["courselib.gpt.top_p_filter", "transformers.generation.logits_process.TopPLogitsWarper"]
+TOP_P_SHORTCUTS = ["courselib.gpt.top_p_filter", f"{__name__}.reference_top_p_filter",
+                   "transformers.generation.logits_process.TopPLogitsWarper"]
 
 
-SAMPLE_SHORTCUTS = ["courselib.gpt.sample_next", "transformers.generation.logits_process.TemperatureLogitsWarper"]
+SAMPLE_SHORTCUTS = ["courselib.gpt.sample_next", f"{__name__}.reference_sample_next",
+                    "transformers.generation.logits_process.TemperatureLogitsWarper"]
 
 
 # transformers' generate is decorated (@torch.no_grad()): the watch needs the function inside, whose code is its own
 HF_GENERATE = "transformers.generation.utils.GenerationMixin.generate.__wrapped__"
 
 
-GENERATE_SHORTCUTS = ["courselib.gpt.generate", HF_GENERATE]
+GENERATE_SHORTCUTS = ["courselib.gpt.generate", f"{__name__}.reference_generate", HF_GENERATE]
 
 
 CACHE_SHORTCUTS = ["courselib.fused_gpt.GPT", "courselib.fused_gpt.Block", "courselib.fused_gpt.CausalSelfAttention",
                    "courselib.fused_gpt.attend", "courselib.fused_gpt.forward_with_cache", "courselib.gpt.GPT",
-                   "courselib.gpt.Block", "courselib.gpt.causal_attention"]
+                   "courselib.gpt.Block", "courselib.gpt.causal_attention", f"{__name__}.ReferenceGPT",
+                   f"{__name__}.ReferenceBlock", f"{__name__}.ReferenceAttention"]
 
 
 BYTES_SHORTCUTS = ["courselib.gpt.kv_cache_bytes"]
@@ -93,6 +120,164 @@ SPECULATIVE_SHORTCUTS = [HF_GENERATE]
 
 
 ADVICE = "the exercise asks you to write this yourself"
+
+
+# ---------------------------------------------------------------- the checks' own references
+# What the probes run the student's code on, or swap in for the other exercises. They are written here, in the
+# notebook's layout and names, and forbidden where they would answer the exercise being graded.
+class ReferenceAttention(nn.Module):
+    """GPT-2's causal self-attention: c_attn = [W_Q; W_K; W_V], heads split after q, k, v, c_proj."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+        self.num_heads = num_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.num_heads, d // self.num_heads).transpose(1, 2) for t in self.c_attn(x).split(d, 2))
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d // self.num_heads)).masked_fill(
+            torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        return self.c_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, d))
+
+
+class ReferenceBlock(nn.Module):
+    """GPT-2's pre-LN block: norm1, self_attn, norm2, ffn (tanh GELU), dropout on both branches."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, eps=1e-5):
+        super().__init__()
+        self.norm1 = LayerNorm(d_model, eps)
+        self.self_attn = ReferenceAttention(d_model, num_heads)
+        self.norm2 = LayerNorm(d_model, eps)
+        self.ffn = FeedForward(d_model, d_ff, approximate="tanh")
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        x = x + self.dropout(self.self_attn(self.norm1(x)))
+        return x + self.dropout(self.ffn(self.norm2(x)))
+
+
+class ReferenceGPT(nn.Module):
+    """GPT-2 in the notebook's names: token_embeddings, position_embeddings, dropout, blocks, final_norm, lm_head (tied).
+    Its weights always come from the check (load_state_dict), so it keeps PyTorch's default initialisation."""
+
+    def __init__(self, vocab_size, d_model, num_layers, num_heads, max_positions, d_ff=None, dropout=0.0, eps=1e-5):
+        super().__init__()
+        self.max_positions = max_positions
+        self.token_embeddings = TokenEmbedding(vocab_size, d_model, scale=False)
+        self.position_embeddings = LearnedPositionalEmbedding(max_positions, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(ReferenceBlock(d_model, num_heads, d_ff or 4 * d_model, dropout, eps)
+                                    for _ in range(num_layers))
+        self.final_norm = LayerNorm(d_model, eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.token_embeddings.weight
+
+    def forward(self, input_ids):
+        x = self.dropout(self.token_embeddings(input_ids) + self.position_embeddings(input_ids))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.final_norm(x))
+
+
+def reference_lm_loss(logits, input_ids):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1))
+
+
+def reference_top_k_filter(logits, k):
+    if k >= logits.shape[-1]:
+        return logits.clone()
+    return logits.masked_fill(logits < torch.topk(logits, k, dim=-1).values[..., -1:], float("-inf"))
+
+
+def reference_top_p_filter(logits, p):
+    if p >= 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    ordered = torch.sort(probs, dim=-1, descending=True).values
+    kept = torch.cumsum(ordered, dim=-1) - ordered < p
+    return logits.masked_fill(probs < torch.where(kept, ordered, torch.inf).amin(dim=-1, keepdim=True), float("-inf"))
+
+
+def reference_sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    scaled = logits / temperature
+    if top_k is not None:
+        scaled = reference_top_k_filter(scaled, top_k)
+    if top_p is not None:
+        scaled = reference_top_p_filter(scaled, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(logits.shape[:-1])
+
+
+def reference_generate(model, input_ids, max_new_tokens, generator=None, temperature=0.0, top_k=None, top_p=None):
+    if input_ids.shape[1] + max_new_tokens - 1 > model.max_positions:
+        raise ValueError("the prompt and the new tokens do not fit in the context window")
+    ids = input_ids
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = reference_sample_next(model(ids)[:, -1], generator, temperature, top_k, top_p)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+    return ids
+
+
+class ReferenceLlamaAttention(nn.Module):
+    """Llama's attention: q_proj, k_proj, v_proj (num_kv_heads), o_proj, no biases; RoPE per head; GQA; causal."""
+
+    def __init__(self, d_model, num_heads, num_kv_heads, rope_base=10000.0):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.rope_base = num_heads, num_kv_heads, rope_base
+        self.d_head = d_model // num_heads
+        self.q_proj = nn.Linear(d_model, num_heads * self.d_head, bias=False)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.d_head, bias=False)
+        self.o_proj = nn.Linear(num_heads * self.d_head, d_model, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.d_head).transpose(1, 2)
+        q, k = apply_rope(q, k, base=self.rope_base)
+        heads, _ = grouped_query_attention(q, k, v, torch.ones(T, T, dtype=torch.bool, device=x.device).tril())
+        return self.o_proj(heads.transpose(1, 2).reshape(B, T, -1))
+
+
+class ReferenceLlamaBlock(nn.Module):
+    def __init__(self, d_model, num_heads, num_kv_heads, d_ff, eps=1e-6, rope_base=10000.0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(d_model, eps)
+        self.self_attn = ReferenceLlamaAttention(d_model, num_heads, num_kv_heads, rope_base)
+        self.post_attention_layernorm = RMSNorm(d_model, eps)
+        self.mlp = SwiGLUFeedForward(d_model, d_ff)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ReferenceLlama(nn.Module):
+    """Llama in Hugging Face's names without "model.": embed_tokens, layers, norm, lm_head (untied)."""
+
+    def __init__(self, vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff, max_positions, eps=1e-6,
+                 rope_base=10000.0):
+        super().__init__()
+        self.max_positions = max_positions
+        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(ReferenceLlamaBlock(d_model, num_heads, num_kv_heads, d_ff, eps, rope_base)
+                                    for _ in range(num_layers))
+        self.norm = RMSNorm(d_model, eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
 
 
 # ---------------------------------------------------------------- weights the checks choose
@@ -193,7 +378,7 @@ def reference_gpt(state, dims, dropout=0.0):
     """The course's reference GPT in the notebook's layout (float64, eval) holding the check's weights: what the
     graded functions run on."""
     with torch.random.fork_rng():
-        model = fused_gpt.GPT(**dims, dropout=dropout).double()
+        model = ReferenceGPT(**dims, dropout=dropout).double()
     model.load_state_dict(state, strict=True)
     return model.eval()
 
@@ -341,7 +526,7 @@ def causal_self_attention_is_causal(seeds, CausalSelfAttention):
 
 
 # ---------------------------------------------------------------- exercise 2: DecoderBlock
-BLOCK_HELPERS = {"CausalSelfAttention": fused_gpt.CausalSelfAttention}
+BLOCK_HELPERS = {"CausalSelfAttention": ReferenceAttention}
 
 
 BLOCK_STRUCTURE_CASE = (12, 3, 20)
@@ -405,7 +590,7 @@ GPT_ALIASES = {"token_embeddings.embedding.weight": "token_embeddings.weight",
 GPT_STRUCTURE_DIMS = dict(vocab_size=29, d_model=12, num_layers=2, num_heads=3, max_positions=16)
 
 
-GPT_HELPERS = {"DecoderBlock": fused_gpt.Block}
+GPT_HELPERS = {"DecoderBlock": ReferenceBlock}
 
 
 def _gpt(GPT, dims, dropout=0.0):
@@ -456,7 +641,7 @@ def gpt_head_is_tied(seeds, GPT):
     ids = torch.randint(0, dims["vocab_size"], (2, 9), generator=g)
     with torch.random.fork_rng():
         logits = student_call(model.train(), ids, name="GPT.forward", forbidden=GPT_SHORTCUTS, helpers=GPT_HELPERS)
-        reference.lm_loss(logits, ids).backward()
+        reference_lm_loss(logits, ids).backward()
         with torch.no_grad():
             for p in model.parameters():
                 if p.grad is not None:
@@ -538,7 +723,7 @@ def perplexity_values(seeds, perplexity):
     model = reference_gpt(state, PPL_DIMS, dropout=0.3).train()
     seen = watch_modes(model)
     with torch.random.fork_rng():
-        value = student_call(perplexity, model, batches, name="perplexity", helpers={"lm_loss": reference.lm_loss},
+        value = student_call(perplexity, model, batches, name="perplexity", helpers={"lm_loss": reference_lm_loss},
                              forbidden=PERPLEXITY_SHORTCUTS)
     if isinstance(value, torch.Tensor):
         raise AssertionError("perplexity should return a Python float (math.exp(...) or .item()), not a tensor.")
@@ -573,7 +758,7 @@ def _load(load_gpt2_weights, model, hf):
 def fresh_reference(dims):
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return fused_gpt.GPT(**dims).double().eval()
+        return ReferenceGPT(**dims).double().eval()
 
 
 @probe
@@ -666,6 +851,68 @@ def configure_optimizer_steps(seeds, configure_optimizer):
             optimizer.step()
     call(steps, name="optimizer.step() of your configure_optimizer's AdamW")
     return {name: param.detach() for name, param in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- exercise 8: adamw_update
+# torch's Adam family: the classes, the function behind them (decorated: the watch needs the function inside),
+# each implementation it dispatches to, and the fused kernels
+ADAMW_SHORTCUTS = ["torch.optim.AdamW", "torch.optim.Adam", "torch.optim.adam.adam.__wrapped__",
+                   "torch.optim.adam._single_tensor_adam", "torch.optim.adam._multi_tensor_adam",
+                   "torch.optim.adam._fused_adam", "torch._fused_adam_", "torch._fused_adamw_"]
+
+
+# (shape, gradient scale, lr per step, betas, eps, weight_decay): a step with tiny gradients is where eps decides
+ADAMW_FIRST_CASES = [((3, 4), 1.0, [0.1], (0.9, 0.999), 1e-8, 0.0),
+                     ((5,), 1e-3, [0.05], (0.8, 0.99), 1e-8, 0.2),
+                     ((2, 3), 2.0, [0.3], (0.9, 0.95), 1e-3, 0.5)]
+
+
+ADAMW_STEP_CASES = [((4, 3), 1.0, [0.01, 0.03, 0.02, 0.05, 0.04, 0.01, 0.02, 0.03], (0.9, 0.999), 1e-8, 0.01),
+                    ((6,), 1e-5, [0.1] * 6, (0.9, 0.95), 1e-8, 0.0),
+                    ((3, 2), 0.5, [0.2, 0.1, 0.3, 0.2, 0.1], (0.8, 0.9), 1e-3, 0.7),
+                    ((2, 2, 2), 3.0, [0.05] * 7, (0.5, 0.6), 0.1, 0.1)]
+
+
+def adamw_problem(seeds, n, cases):
+    """Per case: the starting tensor and one seeded gradient per step (float64)."""
+    g = seeds.generator(n)
+    problems = []
+    for shape, scale, rates, *_ in cases:
+        start = torch.randn(shape, generator=g, dtype=torch.float64)
+        grads = [scale * torch.randn(shape, generator=g, dtype=torch.float64) for _ in rates]
+        problems.append((start, grads))
+    return problems
+
+
+def _adamw(seeds, n, cases, adamw_update):
+    results = []
+    for (start, grads), (_, _, rates, betas, eps, weight_decay) in zip(adamw_problem(seeds, n, cases), cases):
+        param, state, trajectory = nn.Parameter(start.clone()), {}, []
+        for grad, lr in zip(grads, rates):
+            with torch.no_grad():
+                _, (after, kept) = call(adamw_update, param, grad.clone(), state, lr, betas=betas, eps=eps,
+                                        weight_decay=weight_decay, name="adamw_update", forbidden=ADAMW_SHORTCUTS,
+                                        forbidden_advice=ADVICE,
+                                        capture=lambda: (param.detach().clone(), dict(state)))
+            trajectory.append(after)
+        if not {"step", "exp_avg", "exp_avg_sq"} <= set(kept):
+            raise AssertionError(f"after a step, state should hold 'step', 'exp_avg' and 'exp_avg_sq'; it holds "
+                                 f"{sorted(map(str, kept))}.")
+        step = kept["step"]
+        results.append({"trajectory": trajectory,
+                        "step": float(step) if isinstance(step, (int, float)) or torch.is_tensor(step) else None,
+                        "exp_avg": kept["exp_avg"], "exp_avg_sq": kept["exp_avg_sq"]})
+    return results
+
+
+@probe
+def adamw_update_first_step(seeds, adamw_update):
+    return _adamw(seeds, 1205, ADAMW_FIRST_CASES, adamw_update)
+
+
+@probe
+def adamw_update_matches_torch(seeds, adamw_update):
+    return _adamw(seeds, 1206, ADAMW_STEP_CASES, adamw_update)
 
 
 # ---------------------------------------------------------------- exercise 8: lr_at
@@ -820,7 +1067,7 @@ def _train(seeds, n, train, dropout=0.0):
         for start, stop in ((0, TRAIN_STEPS), (TRAIN_STEPS, RESUME_STEPS)):   # a run, then its continuation
             result = student_call(train, model, optimizer, lambda: next(queue), stop, rates.__getitem__, held_out,
                                   eval_every=EVAL_EVERY, max_grad_norm=TRAIN_CLIP, start_step=start,
-                                  monitor=recorder, name="train", helpers={"lm_loss": reference.lm_loss, **TRAIN_HELPERS},
+                                  monitor=recorder, name="train", helpers={"lm_loss": reference_lm_loss, **TRAIN_HELPERS},
                                   forbidden=TRAIN_SHORTCUTS)
             if not isinstance(result, (tuple, list)) or len(result) != 2:
                 raise AssertionError("train should return the pair (losses, held_out_losses).")
@@ -885,7 +1132,7 @@ def checkpoint_steps(model, optimizer, generator, data, start, stop):
         for group in optimizer.param_groups:
             group["lr"] = checkpoint_schedule(step)
         batch = data[torch.randint(len(data), (4,), generator=generator)]
-        loss = reference.lm_loss(model(batch), batch)
+        loss = reference_lm_loss(model(batch), batch)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -942,11 +1189,11 @@ RUN_STEPS, RUN_BATCH, RUN_LR, RUN_FACTOR = 40, 8, 6e-3, 0.8
 
 def run_data(seeds):
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(reference.MODEL_DIR)
+    tokenizer = AutoTokenizer.from_pretrained(stories.MODEL_DIR)
     story_seed = seeds.seed(1250) % 2 ** 31
-    stream = reference.token_stream(tokenizer, reference.corpus(300, seed=story_seed))
-    held = reference.token_stream(tokenizer, reference.corpus(40, seed=story_seed + 1))
-    return (reference.windows(stream, RUN_DIMS["max_positions"]), reference.windows(held, RUN_DIMS["max_positions"]),
+    stream = stories.token_stream(tokenizer, stories.corpus(300, seed=story_seed))
+    held = stories.token_stream(tokenizer, stories.corpus(40, seed=story_seed + 1))
+    return (stories.windows(stream, RUN_DIMS["max_positions"]), stories.windows(held, RUN_DIMS["max_positions"]),
             len(tokenizer))
 
 
@@ -963,7 +1210,7 @@ def training_run_learns(seeds, GPT, configure_optimizer, lr_at, train):
         def loss_now():
             model.eval()
             with torch.no_grad():
-                return float(reference.lm_loss(model(held_out), held_out))
+                return float(reference_lm_loss(model(held_out), held_out))
 
         before = loss_now()
         call(train, model, optimizer, lambda: windows[torch.randint(len(windows), (RUN_BATCH,), generator=order)],
@@ -1068,12 +1315,12 @@ def sampling_cases(seeds):
 
 
 def top_k_only(logits, k):
-    return reference.top_k_filter(logits, k)
+    return reference_top_k_filter(logits, k)
 
 
 def _sample(sample_next, logits, generator, **kwargs):
     return student_call(sample_next, logits, generator, name="sample_next", forbidden=SAMPLE_SHORTCUTS,
-                        helpers={"top_k_filter": reference.top_k_filter, "top_p_filter": reference.top_p_filter},
+                        helpers={"top_k_filter": reference_top_k_filter, "top_p_filter": reference_top_p_filter},
                         **kwargs)
 
 
@@ -1127,7 +1374,14 @@ def sample_next_generator(seeds, sample_next):
         untouched = torch.equal(before, torch.get_rng_state())
         again = _sample(sample_next, logits, torch.Generator().manual_seed(seed_a))
         other = _sample(sample_next, logits, torch.Generator().manual_seed(seed_b))
-    return first, again, other, untouched
+        # one generator for two calls, as generate() passes it: each call must draw new numbers from it
+        shared = torch.Generator().manual_seed(seeds.seed(1044))
+        fresh = shared.get_state()
+        one = _sample(sample_next, logits, shared)
+        advanced = not torch.equal(fresh, shared.get_state())
+        two = _sample(sample_next, logits, shared)
+    return {"first": first, "again": again, "other": other, "untouched": untouched,
+            "one after the other": (one, two), "advanced": advanced}
 
 
 # ---------------------------------------------------------------- exercise 15: generate
@@ -1140,7 +1394,7 @@ def generate_problem(seeds):
 
 
 def _generate(generate, *args, **kwargs):
-    return student_call(generate, *args, name="generate", helpers={"sample_next": reference.sample_next},
+    return student_call(generate, *args, name="generate", helpers={"sample_next": reference_sample_next},
                         forbidden=GENERATE_SHORTCUTS, **kwargs)
 
 
@@ -1175,9 +1429,98 @@ def generate_checks_the_context(seeds, generate):
             results.append(("ok", tuple(out.shape) if hasattr(out, "shape") else None, list(calls)))
         else:
             error = raised(generate, model, prompt, new, name="generate", forbidden=GENERATE_SHORTCUTS,
-                           helpers={"sample_next": reference.sample_next})
+                           helpers={"sample_next": reference_sample_next})
             results.append((error, None, list(calls)))
     return results
+
+
+# ---------------------------------------------------------------- exercise 17: generate_batch
+BATCH_SHORTCUTS = ["courselib.gpt.generate", f"{__name__}.reference_generate", HF_GENERATE]
+
+
+BATCH_DIMS = dict(vocab_size=29, d_model=12, num_layers=2, num_heads=3, max_positions=24)
+
+
+def reference_forward_padded(model, input_ids, positions, attention_mask):
+    """The notebook's forward_padded (given there): logits (B, T, V) of rows whose tokens sit at `positions`, each
+    reading the earlier real tokens of its row (attention_mask 1); a pad reads itself only."""
+    B, T = input_ids.shape
+    x = model.token_embeddings(input_ids) + model.position_embeddings.table(positions)
+    eye = torch.eye(T, dtype=torch.bool, device=x.device)
+    mask = (torch.ones(T, T, dtype=torch.bool, device=x.device).tril() & attention_mask.bool()[:, None, None, :]) | eye
+    for block in model.blocks:
+        attn, d = block.self_attn, x.shape[-1]
+        q, k, v = (t.view(B, T, attn.num_heads, -1).transpose(1, 2) for t in attn.c_attn(block.norm1(x)).split(d, 2))
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + block.dropout(attn.c_proj(heads.transpose(1, 2).reshape(B, T, d)))
+        x = x + block.dropout(block.ffn(block.norm2(x)))
+    return model.lm_head(model.final_norm(x))
+
+
+def greedy_continuation(model, prompt, steps):
+    """The reference's greedy tokens after one unpadded prompt (a list): what choosing the cases' eos reads."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+def batch_cases(seeds, n):
+    """(description, prompts, max_new_tokens, eos_token_id, pad_token_id) of the check, and the weights. For
+    generate_batch_matches_hf (n = 1140) no row writes eos; for generate_batch_stops_at_eos (1150) some do."""
+    g = seeds.generator(n)
+    state = gpt_state(g, **BATCH_DIMS)
+    model = reference_gpt(state, BATCH_DIMS)
+    V = BATCH_DIMS["vocab_size"]
+
+    def prompts(lengths, first=None):
+        rows = [torch.randint(1, V, (length,), generator=g).tolist() for length in lengths]
+        return [[first] + row[1:] for row in rows] if first is not None else rows
+
+    if n == 1140:
+        mixed = prompts([5, 2, 7, 3])
+        written = {token for row in mixed for token in greedy_continuation(model, row, 8)}
+        unused = [token for token in range(1, V) if token not in written]
+        eos = unused[0] if unused else V - 1
+        opening = prompts([4, 1, 6, 2], first=0)        # every prompt opens with token 0, also the pad and eos
+        return state, [("prompts of lengths 5, 2, 7 and 3", mixed, 8, eos, 0 if eos else V - 1),
+                       ("token 0 opens every prompt and is also the pad and the end of sequence", opening, 8, 0, 0)]
+    mixed = prompts([3, 6, 2])
+    ends = greedy_continuation(model, mixed[2], 3)[2]    # the shortest prompt's third new token
+    single = prompts([4])
+    stop = greedy_continuation(model, single[0], 3)[2]
+    return state, [("the third row ends early; the others go on", mixed, 8, ends, V - 1 if ends != V - 1 else 0),
+                   ("one prompt that ends after 3 tokens or fewer", single, 8, stop, V - 1 if stop != V - 1 else 0)]
+
+
+def _batch(seeds, n, generate_batch):
+    state, cases = batch_cases(seeds, n)
+    model = reference_gpt(state, BATCH_DIMS)
+    passes = []
+    model.lm_head.register_forward_hook(lambda module, args, output: passes.append(int(args[0].shape[0])))
+    results = []
+    for description, prompts, new, eos, pad in cases:
+        passes.clear()
+        with torch.random.fork_rng():
+            out = student_call(generate_batch, model, [list(row) for row in prompts], new, eos, pad,
+                               name="generate_batch", helpers={"forward_padded": reference_forward_padded},
+                               forbidden=BATCH_SHORTCUTS)
+        if type(out) is not torch.Tensor:
+            raise AssertionError(f"generate_batch should return a (B, T0 + new) tensor of ids, not a "
+                                 f"{type(out).__name__}.")
+        results.append({"ids": out, "passes": list(passes)})
+    return results
+
+
+@probe
+def generate_batch_matches_hf(seeds, generate_batch):
+    return _batch(seeds, 1140, generate_batch)
+
+
+@probe
+def generate_batch_stops_at_eos(seeds, generate_batch):
+    return _batch(seeds, 1150, generate_batch)
 
 
 # ---------------------------------------------------------------- exercise 16: forward_with_cache
@@ -1263,7 +1606,9 @@ def kv_cache_bytes_values(seeds, kv_cache_bytes):
 
 
 # ---------------------------------------------------------------- exercise 18: LlamaAttention
-LLAMA_SHORTCUTS = ["courselib.llama.LlamaAttention", "courselib.llama.LlamaBlock", "courselib.llama.Llama",
+LLAMA_SHORTCUTS = ["courselib.llama_model.LlamaAttention", "courselib.llama_model.LlamaBlock",
+                   "courselib.llama_model.Llama", f"{__name__}.ReferenceLlamaAttention",
+                   f"{__name__}.ReferenceLlamaBlock", f"{__name__}.ReferenceLlama",
                    "transformers.models.llama.modeling_llama.LlamaAttention",
                    "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
                    "transformers.models.llama.modeling_llama.eager_attention_forward",
@@ -1331,10 +1676,16 @@ def llama_attention_matches_llama(seeds, LlamaAttention):
 
 
 # ---------------------------------------------------------------- exercise 19: LlamaBlock and Llama
-LLAMA_HELPERS = {"LlamaAttention": llama_reference.LlamaAttention}
+LLAMA_HELPERS = {"LlamaAttention": ReferenceLlamaAttention}
 
 
-LLAMA_MODEL_SHORTCUTS = [name for name in LLAMA_SHORTCUTS if name != "courselib.llama.LlamaAttention"]
+LLAMA_MODEL_SHORTCUTS = ["courselib.llama_model.LlamaBlock", "courselib.llama_model.Llama", f"{__name__}.ReferenceLlamaBlock",
+                         f"{__name__}.ReferenceLlama", "transformers.models.llama.modeling_llama.LlamaAttention",
+                         "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
+                         "transformers.models.llama.modeling_llama.eager_attention_forward",
+                         "transformers.models.llama.modeling_llama.LlamaDecoderLayer",
+                         "transformers.models.llama.modeling_llama.LlamaModel",
+                         "transformers.models.llama.modeling_llama.LlamaForCausalLM"]
 
 
 LLAMA_STRUCTURE_DIMS = dict(vocab_size=31, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=40,
@@ -1403,6 +1754,67 @@ def llama_matches_hf(seeds, Llama):
     return outputs
 
 
+# ---------------------------------------------------------------- exercise 22: llama_forward_with_cache
+LLAMA_CACHE_SHORTCUTS = ["courselib.llama_model.LlamaAttention", "courselib.llama_model.LlamaBlock",
+                         "courselib.llama_model.Llama", f"{__name__}.ReferenceLlamaAttention",
+                         f"{__name__}.ReferenceLlamaBlock", f"{__name__}.ReferenceLlama",
+                         "transformers.models.llama.modeling_llama.LlamaAttention",
+                         "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
+                         "transformers.models.llama.modeling_llama.LlamaDecoderLayer",
+                         "transformers.models.llama.modeling_llama.LlamaModel",
+                         "transformers.models.llama.modeling_llama.LlamaForCausalLM"]
+
+
+LLAMA_CACHE_DIMS = dict(vocab_size=31, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=24,
+                        max_positions=16, eps=1e-5, rope_base=500.0)
+
+
+# the prompt, single tokens, a chunk of three after the cache, single tokens again
+LLAMA_CACHE_SPLITS = [(0, 4), (4, 5), (5, 6), (6, 9), (9, 10), (10, 11)]
+
+
+LLAMA_CACHE_HELPERS = {"apply_rope": apply_rope, "grouped_query_attention": grouped_query_attention}
+
+
+def llama_cache_problem(seeds, n):
+    g = seeds.generator(n)
+    dims = LLAMA_CACHE_DIMS
+    return llama_state(g, **dims), torch.randint(0, dims["vocab_size"], (2, LLAMA_CACHE_SPLITS[-1][1]), generator=g)
+
+
+def _llama_cached(seeds, n, llama_forward_with_cache):
+    state, ids = llama_cache_problem(seeds, n)
+    with torch.random.fork_rng():
+        model = ReferenceLlama(**LLAMA_CACHE_DIMS).double()
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    cache, logits, shapes = [None] * LLAMA_CACHE_DIMS["num_layers"], [], []
+    for a, b in LLAMA_CACHE_SPLITS:
+        with torch.no_grad():
+            out, entries = student_call(llama_forward_with_cache, model, ids[:, a:b], cache,
+                                        name="llama_forward_with_cache", helpers=LLAMA_CACHE_HELPERS,
+                                        forbidden=LLAMA_CACHE_SHORTCUTS, capture=lambda: list(cache))
+        if type(out) is not torch.Tensor:
+            raise AssertionError(f"llama_forward_with_cache should return the logits tensor, not a {type(out).__name__}.")
+        for i, entry in enumerate(entries):
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and all(torch.is_tensor(x) for x in entry)):
+                raise AssertionError(f"after a call, cache[{i}] should be the pair (keys, values) of layer {i}, found "
+                                     f"{type(entry).__name__}.")
+        logits.append(out)
+        shapes.append([(tuple(k.shape), tuple(v.shape)) for k, v in entries])
+    return {"logits": logits, "shapes": shapes}
+
+
+@probe
+def llama_cache_shapes(seeds, llama_forward_with_cache):
+    return _llama_cached(seeds, 1340, llama_forward_with_cache)["shapes"]
+
+
+@probe
+def llama_cache_matches_uncached(seeds, llama_forward_with_cache):
+    return _llama_cached(seeds, 1350, llama_forward_with_cache)["logits"]
+
+
 # ---------------------------------------------------------------- exercise 20 (optional): speculative decoding
 SPEC_TARGET = dict(vocab_size=37, d_model=12, num_layers=2, num_heads=3, max_positions=24)
 
@@ -1418,7 +1830,7 @@ def speculative_problem(seeds):
 def _speculate(fn, target, draft, prompt, new, num_draft):
     with torch.random.fork_rng():
         return student_call(fn, target, draft, prompt, new, num_draft=num_draft, name="speculative_generate",
-                            helpers={"generate": reference.generate}, forbidden=SPECULATIVE_SHORTCUTS)
+                            helpers={"generate": reference_generate}, forbidden=SPECULATIVE_SHORTCUTS)
 
 
 @probe

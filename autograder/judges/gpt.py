@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from autograder.checks.common import expect_close, expect_shape, expect_tensor, to_numpy
 from autograder.checks.gpt import (
+    ADAMW_FIRST_CASES,
+    ADAMW_STEP_CASES,
     ANY_SIZE_DIMS,
+    BATCH_DIMS,
+    LLAMA_CACHE_DIMS,
+    LLAMA_CACHE_SPLITS,
     ATTENTION_STRUCTURE_CASE,
     ATTENTION_VALUE_CASES,
     BLOCK_STRUCTURE_CASE,
@@ -23,6 +28,7 @@ from autograder.checks.gpt import (
     CONTEXT_CASES,
     EVAL_EVERY,
     GEN_DIMS,
+    ReferenceGPT,
     GPT_NAMES,
     GPT_STRUCTURE_DIMS,
     LLAMA_ATTENTION_CASES,
@@ -41,7 +47,11 @@ from autograder.checks.gpt import (
     TRAIN_CLIP,
     TRAIN_DIMS,
     TRAIN_STEPS,
+    adamw_problem,
+    adamw_update_first_step,
+    adamw_update_matches_torch,
     attention_value_problem,
+    batch_cases,
     block_value_problem,
     bytes_cases,
     cache_problem,
@@ -60,6 +70,8 @@ from autograder.checks.gpt import (
     configure_optimizer_steps,
     decoder_block_matches_gpt2,
     decoder_block_structure,
+    generate_batch_matches_hf,
+    generate_batch_stops_at_eos,
     generate_checks_the_context,
     generate_matches_hf_greedy,
     generate_problem,
@@ -80,6 +92,9 @@ from autograder.checks.gpt import (
     llama_attention_matches_llama,
     llama_attention_problem,
     llama_attention_structure,
+    llama_cache_matches_uncached,
+    llama_cache_problem,
+    llama_cache_shapes,
     llama_matches_hf,
     llama_structure,
     llama_value_problem,
@@ -96,6 +111,8 @@ from autograder.checks.gpt import (
     optimizer_problem,
     perplexity_problem,
     perplexity_values,
+    reference_forward_padded,
+    reference_gpt,
     sample_next_distribution,
     sample_next_generator,
     sample_next_greedy_limit,
@@ -688,6 +705,98 @@ def judge_configure_optimizer_steps(seeds, found):
                           f"decaying by weight_decay={OPTIMIZER_SETTINGS['weight_decay']}, group 1 by 0.")
 
 
+# ---------------------------------------------------------------- exercise 8: adamw_update
+def torch_adamw(start, grads, rates, betas, eps, weight_decay):
+    """torch.optim.AdamW's trajectory of one tensor, and its final moments: the oracle."""
+    param = torch.nn.Parameter(start.clone())
+    optimizer = torch.optim.AdamW([param], lr=rates[0], betas=betas, eps=eps, weight_decay=weight_decay)
+    trajectory = []
+    for grad, lr in zip(grads, rates):
+        optimizer.param_groups[0]["lr"] = lr
+        param.grad = grad.clone()
+        optimizer.step()
+        trajectory.append(param.detach().clone())
+    state = optimizer.state[param]
+    return trajectory, state["exp_avg"], state["exp_avg_sq"]
+
+
+def adamw_by_hand(start, grads, rates, betas, eps, weight_decay, mistake):
+    """The trajectories of the usual mistakes, to name the one a wrong answer made."""
+    beta1, beta2 = (0.9, 0.999) if mistake == "default betas" else betas
+    param, m, v, trajectory = start.clone(), torch.zeros_like(start), torch.zeros_like(start), []
+    for t, (grad, lr) in enumerate(zip(grads, rates), start=1):
+        if mistake == "coupled":                       # Adam with L2: the decay joins the gradient
+            grad = grad + weight_decay * param
+        elif mistake != "decay after":
+            param = param * (1 - lr * weight_decay)
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * grad * grad
+        m_hat, v_hat = (m, v) if mistake == "no bias correction" else (m / (1 - beta1 ** t), v / (1 - beta2 ** t))
+        denominator = (v_hat + eps).sqrt() if mistake == "eps inside" else v_hat.sqrt() + eps
+        param = param - lr * m_hat / denominator
+        if mistake == "decay after":
+            param = param * (1 - lr * weight_decay)
+        trajectory.append(param)
+    return trajectory
+
+
+ADAMW_MISTAKES = {
+    "no bias correction": "the first steps are off by the bias correction: m and v start at 0, so after t steps they "
+                          "are too small by the factors 1 - beta1**t and 1 - beta2**t; divide them by those factors "
+                          "(m_hat, v_hat) before the update.",
+    "coupled": "the weight decay went into the gradient (Adam with L2 regularisation), where the adaptive scaling "
+               "divides it away: AdamW decouples it, shrinking the parameter itself by lr * weight_decay * param.",
+    "eps inside": "eps is inside the square root: the update divides by sqrt(v_hat) + eps, not sqrt(v_hat + eps) (they "
+                  "differ most where gradients are tiny, as here).",
+    "default betas": "the betas you were given were not used (these steps match betas (0.9, 0.999)): the averages "
+                     "must forget at the rates the caller asks for, betas[0] for m and betas[1] for v.",
+    "decay after": "the decay was applied after the Adam step, to the updated parameter: torch.optim.AdamW shrinks the "
+                   "parameter as it was before the step, then takes the step.",
+}
+
+
+def judge_adamw(seeds, n, cases, results, what):
+    if len(results) != len(cases):
+        raise AssertionError(f"adamw_update ran {len(results)} cases of {len(cases)}.")
+    for (start, grads), case, found in zip(adamw_problem(seeds, n, cases), cases, results):
+        shape, _, rates, betas, eps, weight_decay = case
+        setting = f"lr {rates[0]:g}, betas {betas}, eps {eps:g}, weight_decay {weight_decay:g}"
+        expected, exp_avg, exp_avg_sq = torch_adamw(start, grads, rates, betas, eps, weight_decay)
+        if found["step"] != len(rates):
+            raise AssertionError(f"after {len(rates)} steps state['step'] is {found['step']}: count the steps taken, "
+                                 "this one included (the bias correction's t).")
+        for t, (ours, theirs) in enumerate(zip(found["trajectory"], expected), start=1):
+            ours = expect_tensor(ours, "the parameter")
+            if torch.allclose(ours.double(), theirs, rtol=1e-10, atol=1e-12):
+                continue
+            if torch.equal(ours, start if t == 1 else found["trajectory"][t - 2]):
+                raise AssertionError(f"step {t} did not change the parameter: update param in place (param.mul_, "
+                                     "param.addcdiv_, param.sub_...), since the optimizer holds that tensor.")
+            diagnoses = lambda t=t: {message: adamw_by_hand(start, grads, rates, betas, eps, weight_decay, mistake)[t - 1]  # noqa: E731
+                                     for mistake, message in ADAMW_MISTAKES.items()}
+            expect_close(ours, theirs, f"the parameter after step {t} of {what} ({setting})", diagnoses=diagnoses,
+                         rtol=1e-10, atol=1e-12,
+                         hint="m and v as running averages of g and g**2, both divided by their bias corrections, "
+                              "the parameter shrunk by lr * weight_decay, then moved by lr * m_hat / (sqrt(v_hat) + eps).")
+        expect_close(expect_tensor(found["exp_avg"], "state['exp_avg']"), exp_avg, f"state['exp_avg'] ({setting})",
+                     rtol=1e-10, atol=1e-12, hint="exp_avg keeps m, the running average of the gradient, without its "
+                                                 "bias correction (torch's state does the same).")
+        expect_close(expect_tensor(found["exp_avg_sq"], "state['exp_avg_sq']"), exp_avg_sq,
+                     f"state['exp_avg_sq'] ({setting})", rtol=1e-10, atol=1e-12,
+                     hint="exp_avg_sq keeps v, the running average of the squared gradient, without its bias "
+                          "correction.")
+
+
+@adamw_update_first_step.judge
+def judge_adamw_update_first_step(seeds, results):
+    judge_adamw(seeds, 1205, ADAMW_FIRST_CASES, results, "one step from an empty state")
+
+
+@adamw_update_matches_torch.judge
+def judge_adamw_update_matches_torch(seeds, results):
+    judge_adamw(seeds, 1206, ADAMW_STEP_CASES, results, "torch.optim.AdamW's steps")
+
+
 # ---------------------------------------------------------------- exercise 8: lr_at
 def torch_schedule(max_lr, warmup, total, min_lr):
     """The learning rate of steps 0..total from PyTorch's schedulers: LinearLR for the warm-up, then
@@ -1247,7 +1356,7 @@ def judge_sample_next_greedy_limit(seeds, data):
 
 @sample_next_generator.judge
 def judge_sample_next_generator(seeds, data):
-    first, again, other, untouched = data
+    first, again, other, untouched = data["first"], data["again"], data["other"], data["untouched"]
     expect_shape(expect_tensor(first, "sample_next"), (2, 3), "sample_next of (2, 3, V) logits",
                  "One token per row, for any leading shape: reshape to (-1, V) for torch.multinomial and back.")
     if not untouched:
@@ -1259,6 +1368,12 @@ def judge_sample_next_generator(seeds, data):
     if torch.equal(first, other):
         raise AssertionError("generators with different seeds gave the same 6 tokens out of 40: is the generator "
                              "ignored (a fixed seed inside sample_next)?")
+    one, two = data["one after the other"]
+    if not data["advanced"] or torch.equal(one, two):
+        raise AssertionError("two calls with one generator gave the same 6 tokens out of 40, and the generator did not "
+                             "move on: sample_next must draw its numbers FROM the generator (generator=generator), which "
+                             "advances it, so that each step of generate() gets new draws. Reseeding torch's global "
+                             "random state from generator.initial_seed() repeats the same draws at every step.")
 
 
 @generate_matches_hf_greedy.judge
@@ -1309,6 +1424,109 @@ def judge_generate_checks_the_context(seeds, results):
         if calls:
             raise AssertionError(f"generate raised ValueError only after running the model (on {len(calls)} inputs): "
                                  "check T0 + max_new_tokens - 1 against model.max_positions before the first step.")
+
+
+# ---------------------------------------------------------------- exercise 17: generate_batch
+def hf_batch(hf, prompts, new, eos, pad):
+    """transformers' generate on the left-padded batch: the oracle."""
+    width = max(len(row) for row in prompts)
+    ids = torch.tensor([[pad] * (width - len(row)) + list(row) for row in prompts])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in prompts])
+    with torch.no_grad():
+        return hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=eos,
+                           pad_token_id=pad)
+
+
+def batch_by_hand(state, prompts, new, eos, pad, mistake):
+    """The outputs of the usual mistakes (on the check's reference model), to name the one a wrong answer made."""
+    with torch.random.fork_rng():
+        model = ReferenceGPT(**BATCH_DIMS).double()
+    model.load_state_dict(state)
+    model.eval()
+    width = max(len(row) for row in prompts)
+    if mistake == "right padding":
+        ids = torch.tensor([list(row) + [pad] * (width - len(row)) for row in prompts])
+        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in prompts])
+    else:
+        ids = torch.tensor([[pad] * (width - len(row)) + list(row) for row in prompts])
+        mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in prompts])
+    if mistake == "mask from ids":
+        mask = (ids != pad).long()
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(new):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            if mistake == "positions":
+                positions = torch.arange(ids.shape[1]).expand_as(ids)
+            seen = torch.ones_like(mask) if mistake == "no mask" else mask
+            token = reference_forward_padded(model, ids, positions, seen)[:, -1].argmax(-1)
+            if mistake != "no stop":
+                token = token.masked_fill(done, pad)
+                done = done | (token == eos)
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            if (mistake == "stop at the first" and done.any()) or (mistake != "no stop" and done.all()):
+                break
+    return ids
+
+
+BATCH_MISTAKES = {
+    "positions": "the positions ignore the padding: with left padding a row's first real token sits in column "
+                 "T0 - length, but it is at position 0 for the model. Count positions from the mask "
+                 "(cumulative sum of attention_mask, minus 1), not from the column.",
+    "no mask": "the pads are attended: the attention mask must be 0 at every pad, so that no real token reads one.",
+    "mask from ids": "the mask was built by comparing ids with pad_token_id, but the pad id is also a real token here "
+                     "(it opens every prompt, as <|endoftext|> does in this course): build the mask from the prompts' "
+                     "lengths.",
+    "right padding": "the prompts are padded on the right: then the last column holds pads for the shorter prompts, "
+                     "and their next token is predicted from a pad. Pad on the LEFT, so that every row's last token "
+                     "is in the last column.",
+    "no stop": "a row goes on writing after its end-of-sequence token: once a row has written eos_token_id, its later "
+               "tokens are pad_token_id.",
+    "stop at the first": "generation stopped when the first row finished: it stops when EVERY row has written "
+                         "eos_token_id (or after max_new_tokens).",
+}
+
+
+def judge_batch(seeds, n, results):
+    state, cases = batch_cases(seeds, n)
+    hf = hf_model(state, BATCH_DIMS)
+    for (description, prompts, new, eos, pad), found in zip(cases, results):
+        ours = expect_tensor(found["ids"], "generate_batch").long()
+        expected = hf_batch(hf, prompts, new, eos, pad)
+        width = max(len(row) for row in prompts)
+        if ours.dim() != 2 or ours.shape[0] != len(prompts) or ours.shape[1] < width:
+            raise AssertionError(f"{description}: generate_batch returned shape {tuple(ours.shape)}; expected "
+                                 f"{tuple(expected.shape)}: the {len(prompts)} prompts left-padded to {width} tokens, "
+                                 "then the new tokens.")
+        if not torch.equal(ours[:, :width], expected[:, :width]):
+            raise AssertionError(f"{description}: the first {width} columns should be the prompts, left-padded with "
+                                 f"pad_token_id={pad}: expected {expected[:, :width].tolist()}, got "
+                                 f"{ours[:, :width].tolist()}.")
+        if ours.shape == expected.shape and torch.equal(ours, expected):
+            steps = expected.shape[1] - width
+            if len(found["passes"]) > steps + 1 or any(size != len(prompts) for size in found["passes"]):
+                raise AssertionError(f"{description}: {steps} new tokens took {len(found['passes'])} forward passes "
+                                     f"of batch sizes {sorted(set(found['passes']))}: run the whole batch at once, one "
+                                     "pass of forward_padded per new token.")
+            continue
+        for mistake, message in BATCH_MISTAKES.items():
+            wrong = batch_by_hand(state, prompts, new, eos, pad, mistake)
+            if wrong.shape == ours.shape and torch.equal(wrong, ours):
+                raise AssertionError(f"{description}: {message}")
+        raise AssertionError(f"{description}: generate_batch differs from transformers' generate on the same model "
+                             f"(eos {eos}, pad {pad}):\nyours  {ours.tolist()}\ntheirs {expected.tolist()}\nLeft-pad, "
+                             "mask the pads, count positions from the mask, take the last column's logits, and pad the "
+                             "rows that have finished. " + EARLIER)
+
+
+@generate_batch_matches_hf.judge
+def judge_generate_batch_matches_hf(seeds, results):
+    judge_batch(seeds, 1140, results)
+
+
+@generate_batch_stops_at_eos.judge
+def judge_generate_batch_stops_at_eos(seeds, results):
+    judge_batch(seeds, 1150, results)
 
 
 @kv_cache_shapes.judge
@@ -1635,6 +1853,88 @@ def judge_llama_matches_hf(seeds, outputs):
                      "transformers' LlamaForCausalLM (float64)", diagnoses=diagnoses, rtol=1e-12, atol=1e-12,
                      hint="embed_tokens, then per layer x + self_attn(input_layernorm(x)) and x + "
                           "mlp(post_attention_layernorm(x)), then norm and lm_head. " + EARLIER)
+
+
+# ---------------------------------------------------------------- exercise 22: llama_forward_with_cache
+def llama_cached_by_hand(state, ids, mistake):
+    """The cached logits of the usual mistakes, step by step as the probe calls (courselib.llama's pieces)."""
+    from courselib.llama import RMSNorm, apply_rope, grouped_query_attention
+    dims = LLAMA_CACHE_DIMS
+    h, h_kv, d = dims["num_heads"], dims["num_kv_heads"], dims["d_model"]
+    d_head = d // h
+
+    def norm(x, name):
+        module = RMSNorm(d, dims["eps"]).double()
+        module.weight.data = state[name]
+        return module(x)
+
+    def linear(x, name):
+        return x @ state[name].T
+
+    cache, outputs = [None] * dims["num_layers"], []
+    for a, b in LLAMA_CACHE_SPLITS:
+        x, T = state["embed_tokens.weight"][ids[:, a:b]], b - a
+        past = 0 if cache[0] is None else cache[0][0].shape[2]
+        positions = torch.arange(T) if mistake == "offset" else torch.arange(past, past + T)
+        for i in range(dims["num_layers"]):
+            layer = f"layers.{i}."
+            hx = norm(x, layer + "input_layernorm.weight")
+            q = linear(hx, layer + "self_attn.q_proj.weight").view(2, T, h, d_head).transpose(1, 2)
+            k = linear(hx, layer + "self_attn.k_proj.weight").view(2, T, h_kv, d_head).transpose(1, 2)
+            v = linear(hx, layer + "self_attn.v_proj.weight").view(2, T, h_kv, d_head).transpose(1, 2)
+            q, k = apply_rope(q, k, positions, base=dims["rope_base"])
+            if cache[i] is not None:
+                k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
+            cache[i] = (k, v)
+            total = k.shape[2]
+            mask = None if mistake == "no mask" else torch.ones(total, total, dtype=torch.bool).tril()[past:]
+            heads, _ = grouped_query_attention(q, k, v, mask)
+            x = x + linear(heads.transpose(1, 2).reshape(2, T, d), layer + "self_attn.o_proj.weight")
+            hx = norm(x, layer + "post_attention_layernorm.weight")
+            gate, up = linear(hx, layer + "mlp.gate_proj.weight"), linear(hx, layer + "mlp.up_proj.weight")
+            x = x + linear(F.silu(gate) * up, layer + "mlp.down_proj.weight")
+        outputs.append(linear(norm(x, "norm.weight"), "lm_head.weight"))
+    return torch.cat(outputs, dim=1)
+
+
+@llama_cache_shapes.judge
+def judge_llama_cache_shapes(seeds, shapes):
+    dims = LLAMA_CACHE_DIMS
+    h, h_kv, d_head = dims["num_heads"], dims["num_kv_heads"], dims["d_model"] // dims["num_heads"]
+    total = 0
+    for (a, b), entries in zip(LLAMA_CACHE_SPLITS, shapes):
+        total += b - a
+        if len(entries) != dims["num_layers"]:
+            raise AssertionError(f"the cache should hold one entry per layer ({dims['num_layers']}), not {len(entries)}.")
+        for keys, values in entries:
+            expected = (2, h_kv, total, d_head)
+            if keys == (2, h, total, d_head):
+                raise AssertionError(f"the cache holds keys of shape {keys}: {h} heads, the queries' count. Cache the "
+                                     f"{h_kv} key/value heads (B, num_kv_heads, T, d_head), before any repeat for the "
+                                     "groups: that is grouped-query attention's saving.")
+            if keys != expected or values != expected:
+                raise AssertionError(f"after {total} tokens each layer's keys and values should have shape {expected} "
+                                     f"(B, num_kv_heads, positions so far, d_head), not {keys} and {values}. Both grow "
+                                     "along dim=2 at every call.")
+
+
+@llama_cache_matches_uncached.judge
+def judge_llama_cache_matches_uncached(seeds, logits):
+    state, ids = llama_cache_problem(seeds, 1350)
+    with torch.no_grad():
+        expected = hf_llama(state, LLAMA_CACHE_DIMS)(ids).logits
+    ours = torch.cat([expect_tensor(x, "llama_forward_with_cache's logits") for x in logits], dim=1)
+    messages = {"offset": "the new tokens' rotary positions restart at 0 at every call: after T_past cached "
+                          "positions they are T_past, T_past + 1, ... (apply_rope's positions argument), or every "
+                          "score with the cached keys sees the wrong distance.",
+                "no mask": "several new tokens after the cache see each other's future: they need the causal mask's "
+                           "last T_new rows over T_past + T_new positions."}
+    diagnoses = lambda: {message: llama_cached_by_hand(state, ids, mistake) for mistake, message in messages.items()}  # noqa: E731
+    expect_close(ours, expected, "cached logits (a prompt of 4, single tokens, a chunk of 3) vs LlamaForCausalLM on "
+                 "the whole sequence", diagnoses=diagnoses, rtol=1e-10, atol=1e-10,
+                 hint="Rotate the new queries and keys by their positions T_past, T_past + 1, ... before caching the "
+                      "keys; append keys and values along dim=2; attend with the last T_new rows of the causal mask. "
+                      + EARLIER)
 
 
 @speculative_matches_greedy.judge

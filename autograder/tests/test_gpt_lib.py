@@ -1,6 +1,7 @@
 """What notebook 09 added to courselib, proven against transformers and PyTorch: the fused-attention GPT
-(courselib.fused_gpt), the Llama-style pieces and model (courselib.llama), the training monitor
-(courselib.training.TrainingMonitor) and the KV-cache diagram (courselib.diagrams.kv_cache)."""
+(courselib.fused_gpt), the Llama-style pieces (courselib.llama) and model with its cache (courselib.llama_model),
+the training monitor (courselib.training.TrainingMonitor) and the KV-cache diagram (courselib.diagrams.kv_cache);
+and that notebook 09's grading kernel cannot import the course's answers to its exercises."""
 import math
 
 import matplotlib
@@ -11,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from courselib import diagrams, fused_gpt, gpt, llama  # noqa: E402
+from courselib import diagrams, fused_gpt, gpt, llama, llama_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +124,7 @@ def random_llama(eps=1e-5, rope_base=10000.0, num_kv_heads=2, seed=0):
 @pytest.mark.parametrize("eps, rope_base, num_kv_heads", [(1e-5, 10000.0, 2), (0.1, 500.0, 1), (1e-6, 10000.0, 4)])
 def test_llama_equals_transformers(eps, rope_base, num_kv_heads):
     hf = random_llama(eps, rope_base, num_kv_heads)
-    model = llama.load_llama_weights(llama.llama_like(hf.config).double(), hf).eval()
+    model = llama.load_llama_weights(llama_model.llama_like(hf.config).double(), hf).eval()
     ids = torch.randint(0, 40, (2, 20))
     with torch.no_grad():
         plain = (model(ids) - hf(ids).logits).abs().max().item()
@@ -177,8 +178,62 @@ def test_llama_like_refuses_what_it_does_not_implement():
     config = llama.llama_config(10, 8, 1, 2, 2, 12, 8)
     config.tie_word_embeddings = True
     with pytest.raises(ValueError):
-        llama.llama_like(config)
+        llama_model.llama_like(config)
 
+
+
+def test_the_llama_cache_equals_the_full_pass_and_holds_the_key_value_heads():
+    hf = random_llama(eps=1e-5, rope_base=500.0, num_kv_heads=2, seed=3)
+    model = llama.load_llama_weights(llama_model.llama_like(hf.config).double(), hf).eval()
+    ids = torch.randint(0, 40, (2, 15))
+    cache = model.new_cache()
+    with torch.no_grad():
+        pieces = [model(ids[:, a:b], cache) for a, b in [(0, 4), (4, 5), (5, 9), (9, 10), (10, 15)]]
+        torch.testing.assert_close(torch.cat(pieces, dim=1), llama.exact_float64(hf)(ids).logits, rtol=0, atol=1e-12)
+    assert cache[0][0].shape == cache[1][1].shape == (2, 2, 15, 4)   # 2 key/value heads, not the 4 query heads
+
+
+# ------------------------------------------------------------------------------------------ integrity
+HIDDEN_FROM_09 = ("courselib.gpt", "courselib.fused_gpt", "courselib.llama_model")
+
+
+def test_notebook_09_and_its_checks_never_import_the_course_answers():
+    """The modules that answer 09's exercises (autograder.checks.gpt.HIDDEN_MODULES, hidden from 09's sandbox) are
+    imported neither by 09's cells nor by its hidden checks, nor by what those import."""
+    import ast
+    import subprocess
+    import sys
+
+    import nbformat
+
+    from autograder.checks.gpt import HIDDEN_MODULES
+    from autograder.submissions import solution_path
+
+    assert set(HIDDEN_MODULES) == set(HIDDEN_FROM_09)
+    for cell in nbformat.read(solution_path("09_gpt"), as_version=4).cells:
+        if cell.cell_type == "code":
+            for node in ast.walk(ast.parse(cell.source)):
+                if isinstance(node, ast.ImportFrom):
+                    names = [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                assert not any(name == m or name.startswith(m + ".") for name in names for m in HIDDEN_FROM_09), (
+                    cell.get("id"), names)
+    probe = ("import sys, courselib.stories, courselib.llama, courselib.seam, courselib.blocks, courselib.training, "
+             "courselib.diagrams, courselib.plotting, courselib.testing, autograder.checks.gpt; "
+             f"print(sorted(m for m in sys.modules if m in {HIDDEN_FROM_09!r}))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
+
+
+def test_courselib_gpt_keeps_the_names_later_notebooks_import():
+    """11 (and its checks and library) import these from courselib.gpt; the corpus moved to courselib.stories."""
+    from courselib import stories
+    for name in ("EOS", "MODEL_DIR", "corpus", "token_stream", "windows", "held_out_windows", "train_tokenizer"):
+        assert getattr(gpt, name) is getattr(stories, name), name
+    for name in ("GPT", "lm_loss", "perplexity", "generate", "sample_next", "top_k_filter", "top_p_filter",
+                 "load_tiny_gpt", "load_gpt2_weights", "to_gpt2", "kv_cache_bytes", "pretrain"):
+        assert callable(getattr(gpt, name)), name
 
 # ------------------------------------------------------------------------------------------ training, diagram
 @pytest.mark.parametrize("grading", [False, True])

@@ -10,6 +10,7 @@ LOSS, PPL = "lm_loss_answer", "perplexity_answer"
 LOADER, TRAIN, TOP_K, TOP_P = "load_gpt2_weights_answer", "train_answer", "top_k_filter_answer", "top_p_filter_answer"
 SAMPLE, GENERATE, CACHE = "sample_next_answer", "generate_answer", "forward_with_cache_answer"
 BYTES, SPECULATIVE = "kv_cache_bytes_answer", "speculative_generate_answer"
+ADAMW, BATCH, LLAMA_CACHE = "adamw_update_answer", "generate_batch_answer", "llama_forward_with_cache_answer"
 
 ATTENTION_INIT = '''
 class CausalSelfAttention(nn.Module):
@@ -376,6 +377,95 @@ def kv_bytes(body):
     return "def kv_cache_bytes(num_layers, num_kv_heads, d_head, seq_len, batch_size=1, bytes_per_value=4):\n" + body
 
 
+
+ADAMW_HEAD = ("@torch.no_grad()\ndef adamw_update(param, grad, state, lr, betas=(0.9, 0.999), eps=1e-8, "
+              "weight_decay=0.01):\n")
+ADAMW_RIGHT = '''
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(param)
+        state["exp_avg_sq"] = torch.zeros_like(param)
+    beta1, beta2 = betas
+    state["step"] += 1
+    t = state["step"]
+    param.mul_(1 - lr * weight_decay)
+    state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    m_hat = state["exp_avg"] / (1 - beta1 ** t)
+    v_hat = state["exp_avg_sq"] / (1 - beta2 ** t)
+    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+'''
+
+
+def adamw(**replacements):
+    body = ADAMW_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return ADAMW_HEAD + body
+
+
+BATCH_HEAD = "@torch.no_grad()\ndef generate_batch(model, prompts, max_new_tokens, eos_token_id, pad_token_id):\n"
+BATCH_RIGHT = '''
+    width = max(len(row) for row in prompts)
+    ids = torch.tensor([[pad_token_id] * (width - len(row)) + list(row) for row in prompts])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in prompts])
+    finished = torch.zeros(len(prompts), dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        logits = forward_padded(model, ids, positions, mask)[:, -1]
+        token = logits.argmax(dim=-1).masked_fill(finished, pad_token_id)
+        finished = finished | (token == eos_token_id)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if finished.all():
+            break
+    return ids
+'''
+
+
+def batch(**replacements):
+    body = BATCH_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return BATCH_HEAD + body
+
+
+LLAMA_CACHE_HEAD = "def llama_forward_with_cache(model, input_ids, cache):\n"
+LLAMA_CACHE_RIGHT = '''
+    past = 0 if cache[0] is None else cache[0][0].shape[2]
+    x = model.embed_tokens(input_ids)
+    B, T, _ = x.shape
+    positions = torch.arange(past, past + T)
+    mask = torch.ones(past + T, past + T, dtype=torch.bool).tril()[past:]
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        d_head = attn.q_proj.out_features // attn.num_heads
+        normed = layer.input_layernorm(x)
+        q = attn.q_proj(normed).view(B, T, attn.num_heads, d_head).transpose(1, 2)
+        k = attn.k_proj(normed).view(B, T, attn.num_kv_heads, d_head).transpose(1, 2)
+        v = attn.v_proj(normed).view(B, T, attn.num_kv_heads, d_head).transpose(1, 2)
+        q, k = apply_rope(q, k, positions, base=attn.rope_base)
+        if cache[i] is not None:
+            k = torch.cat([cache[i][0], k], dim=2)
+            v = torch.cat([cache[i][1], v], dim=2)
+        cache[i] = (k, v)
+        heads, _ = grouped_query_attention(q, k, v, mask)
+        x = x + attn.o_proj(heads.transpose(1, 2).reshape(B, T, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.lm_head(model.norm(x))
+'''
+
+
+def llama_cache(**replacements):
+    body = LLAMA_CACHE_RIGHT
+    for old, new in replacements.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    return LLAMA_CACHE_HEAD + body
+
+
 SPECULATIVE_HEAD = ("@torch.no_grad()\ndef speculative_generate(target, draft, input_ids, max_new_tokens, "
                     "num_draft=4):\n")
 
@@ -628,7 +718,7 @@ def load_gpt2_weights(model, hf):
         "apply_rope(q, k, base=self.rope_base)": "apply_rope(q, k)"})},
         loses=("llama_attention_matches_llama",), message="rope_base=500"),
     Variant("llama_attention_from_the_course_reference", {LLAMA_ATTENTION: '''
-from courselib.llama import LlamaAttention as _Reference
+from courselib.llama_model import LlamaAttention as _Reference
 
 class LlamaAttention(_Reference):
     pass
@@ -655,7 +745,7 @@ class RMSNorm(nn.Module):
                                                                          "return self.lm_head(x)")},
             loses=("llama_matches_hf",), message="norm and lm_head"),
     Variant("llama_from_the_course_reference", {LLAMA: '''
-from courselib.llama import Llama as _Llama, LlamaBlock as _Block
+from courselib.llama_model import Llama as _Llama, LlamaBlock as _Block
 
 LlamaBlock = _Block
 
@@ -746,6 +836,77 @@ class Llama(_Llama):
     Variant("bytes_keys_only", {BYTES: kv_bytes('''
     return num_layers * num_kv_heads * d_head * seq_len * batch_size * bytes_per_value
 ''')}, loses=("kv_cache_bytes_values",), message="keys AND values"),
+    # ---- adamw_update
+    Variant("adamw_without_bias_correction", {ADAMW: adamw(**{
+        "state[\"exp_avg\"] / (1 - beta1 ** t)": "state[\"exp_avg\"]",
+        "state[\"exp_avg_sq\"] / (1 - beta2 ** t)": "state[\"exp_avg_sq\"]"})},
+        loses=("adamw_update_first_step", "adamw_update_matches_torch"), message="bias correction"),
+    Variant("adamw_decay_added_to_the_gradient", {ADAMW: adamw(**{
+        "    param.mul_(1 - lr * weight_decay)\n": "    grad = grad + weight_decay * param\n"})},
+        loses=("adamw_update_first_step", "adamw_update_matches_torch"), message="decouples it"),
+    Variant("adamw_eps_inside_the_square_root", {ADAMW: adamw(**{
+        "(v_hat.sqrt() + eps)": "(v_hat + eps).sqrt()"})},
+        loses=("adamw_update_first_step", "adamw_update_matches_torch"), message="inside the square root"),
+    Variant("adamw_decays_after_the_step", {ADAMW: adamw(**{
+        "    param.mul_(1 - lr * weight_decay)\n": "",
+        "    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))\n":
+        "    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))\n    param.mul_(1 - lr * weight_decay)\n"})},
+        loses=("adamw_update_matches_torch",), message="before the step"),
+    Variant("adamw_hard_codes_the_default_betas", {ADAMW: adamw(**{
+        "    beta1, beta2 = betas\n": "    beta1, beta2 = 0.9, 0.999\n"})},
+        loses=("adamw_update_matches_torch",), message="betas you were given were not used"),
+    # ---- generate_batch
+    Variant("batch_positions_from_the_column", {BATCH: batch(**{
+        "positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)": "positions = torch.arange(ids.shape[1]).expand_as(ids)"})},
+        loses=("generate_batch_matches_hf",), message="positions ignore the padding"),
+    Variant("batch_without_the_attention_mask", {BATCH: batch(**{
+        "forward_padded(model, ids, positions, mask)": "forward_padded(model, ids, positions, torch.ones_like(mask))"})},
+        loses=("generate_batch_matches_hf",), message="the pads are attended"),
+    Variant("batch_mask_from_the_ids", {BATCH: batch(**{
+        "    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in prompts])\n":
+        "    mask = (ids != pad_token_id).long()\n"})},
+        loses=("generate_batch_matches_hf",), message="comparing ids with pad_token_id"),
+    Variant("batch_padded_on_the_right", {BATCH: batch(**{
+        "[[pad_token_id] * (width - len(row)) + list(row) for row in prompts]":
+        "[list(row) + [pad_token_id] * (width - len(row)) for row in prompts]",
+        "[[0] * (width - len(row)) + [1] * len(row) for row in prompts]":
+        "[[1] * len(row) + [0] * (width - len(row)) for row in prompts]"})},
+        loses=("generate_batch_matches_hf",), message="Pad on the LEFT"),
+    Variant("batch_rows_go_on_after_their_end", {BATCH: batch(**{
+        "logits.argmax(dim=-1).masked_fill(finished, pad_token_id)": "logits.argmax(dim=-1)"})},
+        loses=("generate_batch_stops_at_eos",), message="goes on writing after its end-of-sequence token"),
+    Variant("batch_stops_at_the_first_end", {BATCH: batch(**{"if finished.all():": "if finished.any():"})},
+        loses=("generate_batch_stops_at_eos",), message="EVERY row"),
+    Variant("batch_one_row_at_a_time", {BATCH: batch(**{
+        "        logits = forward_padded(model, ids, positions, mask)[:, -1]\n":
+        "        logits = torch.cat([forward_padded(model, ids[r:r + 1], positions[r:r + 1], mask[r:r + 1])[:, -1]\n"
+        "                            for r in range(len(prompts))])\n"})},
+        loses=("generate_batch_matches_hf",), message="one pass of forward_padded per new token"),
+    # ---- llama_forward_with_cache
+    Variant("llama_cache_rope_offset_missing", {LLAMA_CACHE: llama_cache(**{
+        "positions = torch.arange(past, past + T)": "positions = torch.arange(T)"})},
+        loses=("llama_cache_matches_uncached",), message="restart at 0"),
+    Variant("llama_cache_repeats_the_heads", {LLAMA_CACHE: llama_cache(**{
+        "        if cache[i] is not None:\n":
+        "        group = attn.num_heads // attn.num_kv_heads\n"
+        "        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+        "        if cache[i] is not None:\n"})},
+        loses=("llama_cache_shapes",), message="the queries' count"),
+    Variant("llama_cache_without_a_mask", {LLAMA_CACHE: llama_cache(**{
+        "grouped_query_attention(q, k, v, mask)": "grouped_query_attention(q, k, v)"})},
+        loses=("llama_cache_matches_uncached",), message="each other's future"),
+    # ---- sample_next, reseeding instead of drawing from the generator
+    Variant("sample_reseeds_the_global_generator", {SAMPLE: sample(SAMPLE_FILTERS + '''
+    torch.manual_seed(generator.initial_seed())
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).reshape(logits.shape[:-1])
+''')}, loses=("sample_next_generator",), message="global random state"),
+    Variant("sample_reseeds_a_private_copy_and_never_advances", {SAMPLE: sample(SAMPLE_FILTERS + '''
+    with torch.random.fork_rng():
+        torch.manual_seed(generator.initial_seed())
+        probs = torch.softmax(scaled, dim=-1)
+        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).reshape(logits.shape[:-1])
+''')}, loses=("sample_next_generator",), message="did not move on"),
     # ---- speculative_generate (optional stretch)
     Variant("speculative_one_target_call_per_token", {SPECULATIVE: SPECULATIVE_HEAD + '''
     ids = input_ids
@@ -756,6 +917,50 @@ class Llama(_Llama):
 ]
 
 ALTERNATIVES = [
+    Variant("adamw_in_torchs_own_form", {ADAMW: ADAMW_HEAD + '''
+    if "step" not in state:
+        state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+    state["step"] += 1
+    beta1, beta2 = betas
+    bias_correction1, bias_correction2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+    param.mul_(1 - lr * weight_decay)
+    state["exp_avg"].lerp_(grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad.conj(), value=1 - beta2)
+    denominator = (state["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
+    param.addcdiv_(state["exp_avg"], denominator, value=-lr / bias_correction1)
+'''}),
+    Variant("adamw_with_new_tensors_and_the_papers_step_size", {ADAMW: ADAMW_HEAD + '''
+    step = state.get("step", 0) + 1
+    m = betas[0] * state.get("exp_avg", torch.zeros_like(param)) + (1 - betas[0]) * grad
+    v = betas[1] * state.get("exp_avg_sq", torch.zeros_like(param)) + (1 - betas[1]) * grad * grad
+    state["step"], state["exp_avg"], state["exp_avg_sq"] = step, m, v
+    root_correction = math.sqrt(1 - betas[1] ** step)
+    step_size = lr * root_correction / (1 - betas[0] ** step)          # Kingma and Ba's efficient form
+    decayed = param * (1 - lr * weight_decay)
+    param.copy_(decayed - step_size * m / (v.sqrt() + eps * root_correction))
+'''}),
+    Variant("batch_with_padding_functions", {BATCH: BATCH_HEAD + '''
+    width = max(map(len, prompts))
+    rows = [F.pad(torch.tensor(row), (width - len(row), 0), value=pad_token_id) for row in prompts]
+    ids = torch.stack(rows)
+    lengths = torch.tensor([len(row) for row in prompts])
+    mask = (torch.arange(width)[None, :] >= (width - lengths)[:, None]).long()
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    steps = 0
+    while steps < max_new_tokens and not bool(done.all()):
+        positions = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
+        chosen = torch.argmax(forward_padded(model, ids, positions, mask)[:, -1, :], dim=-1)
+        chosen = torch.where(done, torch.full_like(chosen, pad_token_id), chosen)
+        done |= chosen == eos_token_id
+        ids = torch.cat((ids, chosen.unsqueeze(1)), dim=1)
+        mask = F.pad(mask, (0, 1), value=1)
+        steps += 1
+    return ids
+'''}),
+    Variant("llama_cache_with_pytorch_gqa", {LLAMA_CACHE: llama_cache(**{
+        "        heads, _ = grouped_query_attention(q, k, v, mask)\n":
+        "        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)\n",
+        "    positions = torch.arange(past, past + T)\n": "    positions = torch.arange(past + T)[past:]\n"})}),
     Variant("block_as_a_loop_over_sublayers", {BLOCK: block('''
         for norm, sublayer in ((self.norm1, self.self_attn), (self.norm2, self.ffn)):
             x = x + self.dropout(sublayer(norm(x)))
