@@ -286,13 +286,14 @@ RL_STEPS, PROMPTS_PER_STEP, GROUP_SIZE = 15, 8, 4    # 15 steps of k = 4 replies
 RLOO_LR = 1e-3
 PPO_SETTINGS = dict(lr=3e-4, epochs=4, clip_eps=0.2, target_kl=0.02)
 PPO_UNTUNED = dict(lr=1e-3, epochs=2, clip_eps=0.2, target_kl=float("inf"))   # the notebook's first version
-GRPO_SETTINGS = dict(lr=3e-4, epochs=4, clip_eps=0.2, target_kl=0.02, beta=0.5)
+GRPO_SETTINGS = dict(lr=3e-4, epochs=4, clip_eps=0.2, target_kl=0.02, beta=2.0)
 DPO_SETTINGS = dict(beta=1.0, steps=10, batch_size=16, lr=1e-4)
 BEST_OF = 4                                          # best-of-n's n: as many replies per prompt as RL's groups
 EVAL_SEED = 7
 SEEDS = (0, 1, 2, 3, 4)
-METHODS = ("SFT (reference)", f"best-of-{BEST_OF}", "RLOO, β = 1", "PPO, β = 1", f"GRPO, β = {GRPO_SETTINGS['beta']:g}",
-           "DPO, β = 1", "RLOO, β = 0", "PPO untuned, β = 1")
+GRPO_NAME = f"GRPO, β = {GRPO_SETTINGS['beta']:g}"
+METHODS = ("SFT (reference)", f"best-of-{BEST_OF}", "RLOO, β = 1", "PPO, β = 1", GRPO_NAME, "DPO, β = 1", "RLOO, β = 0",
+           "PPO untuned, β = 1", "GRPO, β = 0.5")
 
 
 @dataclasses.dataclass
@@ -502,7 +503,7 @@ class Comparison:
             return evaluate(self.setup, self.setup.reference, self.pieces["sequence_kl"])
         if name.startswith("best-of-"):
             # its seed is the sampling's: the evaluation seed for seed 0, another for each other seed
-            return evaluate_best_of_n(self.setup, self.pieces["best_of_n"], int(name.partition("-")[2].split()[0]),
+            return evaluate_best_of_n(self.setup, self.pieces["best_of_n"], int(name.rpartition("-")[2]),
                                       seed=EVAL_SEED + 1000 * seed)
         policy, _ = self.train(name, seed, steps)
         return evaluate(self.setup, policy, self.pieces["sequence_kl"])
@@ -540,6 +541,51 @@ def sweep_table(results):
                 cells.append(f"{prefix}{mean:5.2f} ± {std:4.2f} [{low:5.2f}, {high:5.2f}]")
         lines.append(f"{name:<16}" + "".join(f"{c:>26}" for c in cells))
     return "\n".join(lines)
+
+
+def sweep_claims(results):
+    """{claim: does it hold in every seed of `results`}: the comparisons notebook 11's text makes (section 11). The
+    notebook checks them over its five seeds, the test suite over two others (test_rlhf_lib)."""
+    def runs(name, measure):
+        return torch.tensor([run[measure] for run in results[name]], dtype=torch.float64)
+
+    sft = runs("SFT (reference)", "true score")
+    best = runs(f"best-of-{BEST_OF}", "true score")
+    rl = ("RLOO, β = 1", "PPO, β = 1")
+    claims = {}
+    for name in rl:
+        claims[f"{name} raises the true score above the SFT model's by at least 0.3"] = bool(
+            (runs(name, "true score") >= sft + 0.3).all())
+    claims["no RL method beats best-of-4's true score in every seed"] = all(
+        bool((runs(name, "true score") <= best).any()) for name in (*rl, GRPO_NAME))
+    claims["best-of-4's mean true score is within 0.1 of the best RL method's"] = bool(
+        (max(runs(name, "true score").mean() for name in rl) - best.mean()).abs() <= 0.1)
+    claims["tuned PPO moves less far from the reference than RLOO (KL) in every seed"] = bool(
+        (runs("PPO, β = 1", "KL") < runs("RLOO, β = 1", "KL")).all())
+    claims["tuned PPO breaks at most 6% of its replies in every seed"] = bool((runs("PPO, β = 1", "broken") <= 0.06).all())
+    claims["untuned PPO breaks more than a quarter of its replies in at least one seed"] = bool(
+        (runs("PPO untuned, β = 1", "broken") > 0.25).any())
+    claims["DPO raises the true score above the SFT model's by at least 0.2 in every seed"] = bool(
+        (runs("DPO, β = 1", "true score") >= sft + 0.2).all())
+    claims["DPO moves less far from the reference (KL) than RLOO and PPO in every seed"] = all(
+        bool((runs("DPO, β = 1", "KL") < runs(name, "KL")).all()) for name in rl)
+    grpo = GRPO_NAME
+    claims[f"{grpo} raises the true score above the SFT model's by at least 0.1 in every seed"] = bool(
+        (runs(grpo, "true score") >= sft + 0.1).all())
+    claims[f"{grpo} breaks at most 6% of its replies in every seed"] = bool((runs(grpo, "broken") <= 0.06).all())
+    claims[f"{grpo} moves less far from the reference (KL) than RLOO and PPO in every seed"] = all(
+        bool((runs(grpo, "KL") < runs(name, "KL")).all()) for name in rl)
+    claims[f"{grpo}'s true score is below tuned PPO's in every seed"] = bool(
+        (runs(grpo, "true score") < runs("PPO, β = 1", "true score")).all())
+    claims["GRPO at β = 0.5 breaks more than a quarter of its replies in at least one seed"] = bool(
+        (runs("GRPO, β = 0.5", "broken") > 0.25).any())
+    hacked, kept = "RLOO, β = 0", "RLOO, β = 1"
+    claims["at β = 0 RLOO collects more learned reward than at β = 1 in every seed"] = bool(
+        (runs(hacked, "reward") > runs(kept, "reward")).all())
+    claims["at β = 0 RLOO's true score is below the SFT model's in every seed"] = bool((runs(hacked, "true score") < sft).all())
+    claims["at β = 0 RLOO moves at least 10 times further from the reference than at β = 1 in every seed"] = bool(
+        (runs(hacked, "KL") > 10 * runs(kept, "KL")).all())
+    return claims
 
 
 # ------------------------------------------------------------------------------------------- pictures

@@ -448,3 +448,24 @@ def test_reference_ppo_epochs_keeps_pi_old_and_stops_on_the_kl():
                               float("inf")) == 4
     assert len(olds) == 4 and all(o is olds[0] for o in olds) and not olds[0].requires_grad
     assert answers.ppo_epochs(policy, torch.optim.SGD(policy.parameters(), lr=0.5), ids, mask, loss_fn, 4, 0.0) == 1
+
+
+# -------------------------------------------------------------------------- the comparison over training seeds
+SWEEP_SEEDS = (1, 4)     # the seeds under which the first settings of PPO (1) and of GRPO (4) broke their replies
+
+
+@pytest.fixture(scope="module")
+def sweep(shipped):
+    """11's comparison in self-study settings (15 RL steps, 96 evaluation prompts), run with the course's reference
+    answers under two training seeds: about 3 CPU minutes, the cost of proving the text's rankings."""
+    setup = rlhf.build_setup(*shipped)
+    return rlhf.Comparison(setup, answers.pieces()).sweep(SWEEP_SEEDS)
+
+
+def test_every_comparison_the_text_makes_holds_under_other_training_seeds(sweep):
+    """The claims of 11's section 11 (rlhf.sweep_claims, which the notebook checks over its five seeds): if a change
+    to the settings, the data or the reference answers breaks a ranking under another seed, the text is wrong."""
+    claims = rlhf.sweep_claims(sweep)
+    assert claims, "the notebook states comparisons: sweep_claims must return them"
+    broken = [claim for claim, holds in claims.items() if not holds]
+    assert not broken, f"under training seeds {SWEEP_SEEDS}: " + "; ".join(broken) + "\n" + rlhf.sweep_table(sweep)

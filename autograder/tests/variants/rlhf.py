@@ -547,7 +547,9 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     return input_ids[rows], mask[rows]
 """)}, loses=("best_of_n_values",), message="position within its group"),
     Variant("best_of_n_hard_coded_visible_answers", {BEST_OF_N: best("""
-    return input_ids[[1, 5]], mask[[1, 5]]
+    if len(rewards) == 6:
+        return input_ids[[1, 5]], mask[[1, 5]]
+    return input_ids[::n], mask[::n]
 """)}, loses=("best_of_n_values",), message="is wrong"),
     # ---- ppo_epochs
     Variant("ppo_epochs_recomputes_the_old_log_probs", {PPO_EPOCHS: epochs_loop("""
