@@ -567,6 +567,8 @@ def sweep_claims(results):
         (runs("PPO untuned, β = 1", "broken") > 0.25).any())
     claims["DPO raises the true score above the SFT model's by at least 0.2 in every seed"] = bool(
         (runs("DPO, β = 1", "true score") >= sft + 0.2).all())
+    claims["DPO's true score is below RLOO's and PPO's in every seed"] = all(
+        bool((runs("DPO, β = 1", "true score") < runs(name, "true score")).all()) for name in rl)
     claims["DPO moves less far from the reference (KL) than RLOO and PPO in every seed"] = all(
         bool((runs("DPO, β = 1", "KL") < runs(name, "KL")).all()) for name in rl)
     grpo = GRPO_NAME
