@@ -483,10 +483,9 @@ The reference `courselib.seq2seq.EncoderDecoder` ({parameters:,} parameters: {nu
 "2021-03-12", "2021-03-12" -> "12 march 2021").
 
 Built by `python -m courselib.seq2seq --rebuild` (seed {seed}): {steps} steps of batches of
-{hyperparameters[batch_size]} fresh training dates, AdamW (weight decay {hyperparameters[weight_decay]}), peak
-learning rate {hyperparameters[lr]} after
-{hyperparameters[warmup]} warm-up steps, then a linear decay. The build took {minutes} minutes of wall-clock time
-({cpu_minutes} CPU minutes, {threads} thread(s), torch {torch}). Final training loss {final_loss} (mean of
+{hyperparameters[batch_size]} fresh training dates, AdamW (weight decay {hyperparameters[weight_decay]}),
+peak learning rate {hyperparameters[lr]} after {hyperparameters[warmup]} warm-up steps, then a linear decay.
+The build took {minutes} minutes of wall-clock time ({cpu_minutes} CPU minutes, {threads} thread(s), torch {torch}). Final training loss {final_loss} (mean of
 the last 100 steps); greedy exact match on {held_out_examples} held-out dates (never seen in training):
 {held_out_exact_match:.2%}. `training_log.json` has the curve.
 
