@@ -22,7 +22,7 @@ from torch import nn
 from courselib.blocks import LayerNorm, LearnedPositionalEmbedding, TokenEmbedding
 from courselib.fused_gpt import GPT as ReferenceGPT
 from courselib.fused_gpt import CausalSelfAttention
-from courselib.gpt import EOS, MODEL_DIR
+from courselib.stories import EOS, MODEL_DIR
 
 SHIPPED = dict(vocab_size=1024, d_model=128, num_layers=4, num_heads=4, max_positions=128, d_ff=512)
 
@@ -96,8 +96,8 @@ class AttentionOnlyGPT(nn.Module):
     """Token + learned position embeddings, attention-only blocks, final_norm and an untied lm_head.
 
     forward(input_ids (B, T), start=0) -> logits (B, T, V); the tokens take positions start .. start + T - 1.
-    The submodule names are notebook 09's GPT's. With layer_norm=False, norm1 and final_norm are identities (the
-    toy models of Elhage et al. have none, and without them induction forms sooner here).
+    The submodule names are notebook 09's GPT's. With layer_norm=False, norm1 and final_norm are identities
+    (notebook 13's induction model has none).
     """
 
     def __init__(self, vocab_size, d_model, num_layers, num_heads, max_positions, eps=1e-5, layer_norm=True):
