@@ -207,13 +207,13 @@ def heatmap(values, row_labels=None, col_labels=None, title="", xlabel="", ylabe
     return ax
 
 
-def plot_head_patterns(pattern, labels, title=""):
-    """One layer's attention patterns (h, T, T) side by side, one panel per head."""
+def plot_head_patterns(pattern, labels, title="", titles=None):
+    """Attention patterns (n, T, T) side by side, one panel each (titled "head i" unless `titles` are given)."""
     heads = pattern.shape[0]
     figure, axes = plt.subplots(1, heads, figsize=(3.2 * heads, 3.4))
     for head, ax in enumerate(np.atleast_1d(axes)):
         ax.imshow(pattern[head].detach().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(f"head {head}")
+        ax.set_title(titles[head] if titles is not None else f"head {head}")
         step = max(1, len(labels) // 12)
         ax.set_xticks(range(0, len(labels), step), labels[::step], rotation=90, fontsize=7)
         ax.set_yticks(range(0, len(labels), step), labels[::step], fontsize=7)
