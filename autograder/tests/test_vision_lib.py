@@ -124,8 +124,9 @@ def vit(seed):
 
 
 def test_the_cnn_beats_the_vit_over_seeds_and_the_vit_reaches_95_percent():
-    """Notebook 12 says: at its settings the ViT reaches at least 95% of the held-out digits, the small CNN beats it,
-    and the ViT's learned positions share more with their own row and column. Seeds 0-2 (about 100 CPU seconds)."""
+    """Notebook 12 says: at its settings the ViT reads about 97% of the held-out digits (95% or more in the runs it
+    quotes), the small CNN beats it, and the learned positions do not reliably find the grid's rows and columns
+    (some seeds fall far short of sin-cos's contrast). Seeds 0-2 (about 100 CPU seconds)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -138,7 +139,10 @@ def test_the_cnn_beats_the_vit_over_seeds_and_the_vit_reaches_95_percent():
             cnns.append(train(vision_data.SmallCNN(), seed))
     finally:
         torch.set_num_threads(threads)
-    print(f"ViT {vits}, CNN {cnns}, position contrasts {contrasts}")
-    assert min(vits) >= 0.95, f"the ViT's held-out accuracies over seeds 0-2 are {vits}: the notebook promises 95%"
+    sincos = vision_data.row_column_contrast(vision_data.sincos_2d_positions(4, 4, 32), (4, 4))
+    print(f"ViT {vits}, CNN {cnns}, position contrasts {contrasts} (sin-cos {sincos:.3f})")
+    assert statistics.mean(vits) >= 0.95 and min(vits) >= 0.94, f"the ViT's held-out accuracies over seeds 0-2: {vits}"
     assert statistics.mean(cnns) > statistics.mean(vits), f"the CNN ({cnns}) no longer beats the ViT ({vits}) on average"
-    assert min(contrasts) > 0, f"the learned positions' row-and-column contrast is {contrasts}: the notebook says positive"
+    assert max(contrasts) < sincos + 0.02 and min(contrasts) < sincos / 2, (
+        f"the learned positions' row-and-column contrasts {contrasts} against sin-cos's {sincos:.3f}: the notebook says "
+        "they do not reliably reach it")
