@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from courselib import interp
 
 pytestmark = pytest.mark.xdist_group("interp_lib")
+torch.set_num_threads(1)   # small tensors: a second thread only waits on a shared machine
 
 VOCAB, LENGTH, STEPS = 32, 6, 1500   # the notebook's settings (section 3)
 
