@@ -85,9 +85,13 @@ class GuardedExecute(PrivateSocketExecute):
         km.kernel_spec_manager = KernelSpecManager(kernel_dirs=[str(KERNELSPEC_DIR)], parent=km)
         if isinstance(km, SandboxedKernelManager):
             km.sandbox = self.sandbox
+            if getattr(self, "_assignment", None):   # the course's answers to this notebook are not in its sandbox
+                from autograder import answers
+                km.overlays = answers.unreachable(self._assignment)
         return km
 
     def preprocess(self, nb, resources=None, km=None):
+        self._assignment = (resources or {}).get("nbgrader", {}).get("assignment")
         key = judging.run_key()
         self._output_bytes = collections.Counter()
         self._errors = collections.Counter()
@@ -101,6 +105,7 @@ class GuardedExecute(PrivateSocketExecute):
                 grade_id = cell.metadata.nbgrader["grade_id"]
                 self._armed[index] = (grade_id, ref, judging.token(key, grade_id, ref))
         self._key = key
+        self._native, self._native_hits, self._native_unavailable = None, {}, None
         self._deadline = time.monotonic() + self.notebook_timeout
         self._routes, self._taken = self.read_source(nb, resources)
         self._report_token = judging.token(key, "guard report")
@@ -113,6 +118,7 @@ class GuardedExecute(PrivateSocketExecute):
             nb, resources = super().preprocess(nb, resources, km)
         finally:
             nb.cells.pop()
+            self.close_native_watch()
         if self._finished is None:  # the guard's cell never ran to its end
             self._finished = self.finish(nb)
         resources["guard_findings"], resources["judge_flags"] = self._finished
@@ -135,11 +141,71 @@ class GuardedExecute(PrivateSocketExecute):
         if index not in self._armed:
             return super().preprocess_cell(cell, resources, index)
         source = cell.source
-        cell.source = judging.arm_line(self._armed[index][2]) + source
+        families = self._native_families(index)
+        if not families:
+            cell.source = judging.arm_line(self._armed[index][2]) + source
+            try:
+                return super().preprocess_cell(cell, resources, index)
+            finally:
+                cell.source = source
+        # the hidden part alone, with the grader's breakpoints on the check's oracles (native_watch.py)
+        visible, hidden = judging.split_hidden(source)
+        outputs = []
         try:
-            return super().preprocess_cell(cell, resources, index)
+            if visible.strip():
+                cell.source = visible
+                super().preprocess_cell(cell, resources, index)
+                outputs = list(cell.outputs)
+            if not judging.has_error(cell):
+                cell.source = judging.arm_line(self._armed[index][2]) + hidden
+                self._native.arm(families)
+                try:
+                    super().preprocess_cell(cell, resources, index)
+                finally:
+                    hits = self._native.disarm()
+                if hits:
+                    self._native_hits[index] = hits
+                cell.outputs = outputs + list(cell.outputs)
+            return cell, resources
         finally:
             cell.source = source
+
+    def _native_families(self, index):
+        """The native operators a test cell's check forbids, where the grader can watch them from outside the
+        kernel (native_watch.py); () where there are none, or no watch. The watch starts with the first."""
+        from autograder import native_watch
+        grade_id, ref, _ = self._armed[index]
+        try:
+            families = native_watch.families_of(judging.resolve_check(ref).forbidden_names(complete=True))
+        except RuntimeError:
+            return ()
+        if not families or self._native is False:
+            return ()
+        if self._native is None:
+            ok, why = native_watch.available()
+            try:
+                if not ok:
+                    raise native_watch.Unavailable(why)
+                self._native = native_watch.NativeWatch(native_watch.kernel_process(self._kernel_pid()))
+            except native_watch.Unavailable as error:
+                self._native = False
+                self._native_unavailable = str(error)
+                native_watch.warn_once(str(error))
+                return ()
+        return families
+
+    def _kernel_pid(self):
+        """The host pid under which the kernel runs: the sandbox's first process, or the kernel itself."""
+        pid = getattr(self.km, "sandbox_pid", None) or getattr(getattr(self.km, "provisioner", None), "pid", None)
+        if not pid:
+            from autograder import native_watch
+            raise native_watch.Unavailable("the kernel's process is not known")
+        return pid
+
+    def close_native_watch(self):
+        if self._native:
+            self._native.close()
+        self._native = None
 
     def _get_timeout(self, cell):
         """A cell's limit, cut to what is left of the notebook's budget."""
@@ -239,6 +305,11 @@ class GuardedExecute(PrivateSocketExecute):
             if indices is not None and index not in indices:
                 continue
             cell = nb.cells[index]
+            if index in self._native_hits:  # seen from outside the kernel: whatever it reported
+                verdict = judging.native_verdict(grade_id, self._native_hits[index])
+                cell.outputs.append(verdict.output())
+                flags.append(verdict.flag)
+                continue
             if index in self._taken:  # decided on the source, whatever the kernel reported
                 verdict = judging.taken_verdict(grade_id, self._taken[index])
                 if not judging.has_error(cell):

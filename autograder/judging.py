@@ -179,6 +179,27 @@ def judge_cell(grade_id, ref, cell_token, messages):
     return Verdict()
 
 
+def split_hidden(source):
+    """(the visible part of a test cell, its hidden part): the hidden-tests region, cut out of the cell. Code
+    after the region stays with the visible part's (it runs before the hidden part, which comes last)."""
+    before, begin, rest = source.partition("### BEGIN HIDDEN TESTS")
+    if not begin:
+        return source, ""
+    hidden, end, after = rest.partition("### END HIDDEN TESTS")
+    return before + after, begin + hidden + end
+
+
+def native_verdict(grade_id, functions):
+    """A test during whose hidden part the kernel entered native code of the check's oracle, as the grader saw
+    from outside the kernel (autograder/native_watch.py)."""
+    from autograder.native_watch import demangled
+    said = ", ".join(sorted({demangled(name) for name in functions}))
+    return Verdict("AssertionError", f"while the hidden test ran your code, the grader saw torch's own {said} run "
+                                     "(observed from outside the kernel): the exercise asks you to compute it yourself. "
+                                     "This test scores 0 and is flagged for review.",
+                   flag=f"test '{grade_id}': torch's {said} ran while the hidden test ran (observed from outside the kernel)")
+
+
 def taken_verdict(grade_id, findings):
     """A test whose code reaches a forbidden oracle in its source (autograder/integrity.py)."""
     said = "; ".join(findings)

@@ -117,6 +117,7 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
     client_class = DottedObjectName("autograder.kernel_manager.BoundedKernelClient")
     cgroup = None        # the kernel's pids cgroup (sandbox.pids_cgroup), where the grader is root
     sandbox_pid = None   # the host pid of the sandbox's first process
+    overlays = None      # {course file: text mounted over it}: the answers this kernel must not reach (answers.py)
 
     @default("client_factory")
     def _bounded_client(self):
@@ -144,7 +145,7 @@ class SandboxedKernelManager(PrivateSocketKernelManager):
             env = {name: value for name, value in (kw.get("env") or os.environ).items() if name != RUN_KEY_ENV}
             return await super()._async_launch_kernel(kernel_cmd, **{**kw, "env": env})
         info = {**self.get_connection_info(), "key": self.session.key.decode()}
-        with sandbox.kernel_command(kernel_cmd, info, kw.get("cwd"), kw.get("env") or {}) as launch:
+        with sandbox.kernel_command(kernel_cmd, info, kw.get("cwd"), kw.get("env") or {}, self.overlays) as launch:
             self.cgroup = launch.cgroup
             kw = {**kw, "env": launch.env, "pass_fds": launch.fds, "preexec_fn": launch.preexec}
             await super()._async_launch_kernel(launch.argv, **kw)

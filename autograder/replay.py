@@ -193,6 +193,7 @@ class ReplayExecute(GuardedExecute):
             nb.cells[:] = graded_cells
 
     def _fresh_capture(self, report_token):
+        self._native_hits = {}
         self._received = collections.defaultdict(list)
         self._reports = []
         self._report_token = report_token
@@ -205,6 +206,11 @@ class ReplayExecute(GuardedExecute):
         self._deadline = time.monotonic() + self.notebook_timeout  # each variant has the notebook's budget
         ran = {}
         try:
+            # what the reference's versions of the replaced cells bound goes first: a variant whose cell fails
+            # before it binds a name must not find the reference's object under it (a fresh kernel would not)
+            unbound = sorted(set().union(*(cell_names(self._pristine[i].source).binds for i in replaced)))
+            if unbound:
+                self._silent(f"[globals().pop(n, None) for n in {unbound!r}]")
             for index in steps.run:
                 cell = copy.deepcopy(self._pristine[index])
                 if index in replaced:

@@ -173,11 +173,12 @@ class Launch:
 
 
 @contextlib.contextmanager
-def kernel_command(command, connection_info, cwd, env):
+def kernel_command(command, connection_info, cwd, env, overlays=None):
     """The sandboxed command for a kernel: `command` (its argv, whose `-f` names the connection file),
     given `connection_info` (its sockets at KERNEL_SOCKETS) as KERNEL_CONNECTION_FILE, in a copy of `cwd`
-    (None: HOME), with the kernel's part of `env`. Yields a Launch; its descriptors are closed on exit,
-    so launch inside the `with`."""
+    (None: HOME), with the kernel's part of `env`; `overlays` ({path of a course file: the text mounted over
+    it}, autograder/answers.py) hide the course's answers to the notebook being graded. Yields a Launch; its
+    descriptors are closed on exit, so launch inside the `with`."""
     import json
     command = list(command)
     command[command.index("-f") + 1] = KERNEL_CONNECTION_FILE
@@ -188,6 +189,8 @@ def kernel_command(command, connection_info, cwd, env):
         options.tmpfs(HOME, HOME_BYTES)
         options.font_cache()
         options.python_and_course()
+        for path, text in sorted((overlays or {}).items()):   # over the course's own read-only files
+            options.data("--ro-bind-data", text.encode(), path)
         if cwd:
             cwd = os.path.realpath(cwd)
             options.folder_copy(cwd)

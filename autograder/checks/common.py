@@ -175,6 +175,10 @@ class Check:
         with "taken": [findings] when the watch saw an oracle or a course reference at work."""
         _findings.clear()
         _running[:] = [self]
+        # the hidden inputs are drawn as the judge draws them, in float32, whatever default dtype the notebook
+        # chose (a learner's torch.set_default_dtype(torch.float64) must not make them other numbers)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
         try:
             outcome = {"data": self.probe(seeds, *student)}
         except NotImplementedError:
@@ -185,6 +189,7 @@ class Check:
             outcome = {"failed": f"the hidden test could not run your code: {type(error).__name__}: {error}"}
         finally:
             _running.clear()
+            torch.set_default_dtype(default_dtype)
         if _findings:
             outcome["taken"] = list(dict.fromkeys(_findings))
         try:
@@ -486,6 +491,16 @@ def _resolve(dotted):
     return getattr(parent, name)
 
 
+def _reachable(dotted):
+    """Whether the kernel can reach `dotted` at all: the course's answers to the notebook being graded are not
+    in its sandbox (autograder/answers.py), and there is nothing to watch where there is nothing."""
+    try:
+        _resolve(dotted)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def _subclasses(cls):
     found = []
     for subclass in cls.__subclasses__():
@@ -526,6 +541,7 @@ class Watch(TorchFunctionMode):
         self.advice = advice or "the exercise asks you to write this yourself"
         self.forbidden = list(forbidden)
         self.op_names, self.codes, self.c_names = {}, {}, {}
+        self.forbidden = [dotted for dotted in self.forbidden if _reachable(dotted)]
         for dotted in self.forbidden:
             obj = _resolve(dotted)
             if dotted.startswith("torch."):

@@ -522,3 +522,154 @@ def test_a_notebook_with_too_many_cells_is_refused_with_a_reason(tmp_path):
     nbformat.write(nb, path)
     report = check_notebook(path)
     assert report.score == 0 and any("more than any notebook of this course" in e for e in report.errors), report.errors
+
+
+# ------------------------------------------------------------------------------- oracles seen from outside
+# Hidden from everything inside the kernel: the watch's profile hook off (through functools.partial, which
+# fires no event) and put back, torch's function modes off, the real function reached where the watch's patch
+# of torch.softmax does not stand, under a computed name the source cannot resolve. Only the grader's
+# breakpoint in libtorch (autograder/native_watch.py), outside the kernel, sees it.
+ORACLE_HIDDEN_IN_THE_KERNEL = attention.softmax("""
+    import sys, functools
+    saved = sys.getprofile()
+    functools.partial(sys.setprofile, None)()
+    with torch._C.DisableTorchFunction():
+        out = getattr(torch._C._VariableFunctions, "soft" + "max")(x, dim)
+    functools.partial(sys.setprofile, saved)()
+    return out
+""")
+SOFTMAX_TESTS = ("softmax_matches_torch", "softmax_is_stable", "softmax_respects_dim")
+
+
+def test_an_oracle_hidden_from_the_kernel_is_seen_from_outside(grade_in_tmp, monkeypatch):
+    from autograder import native_watch
+    if not native_watch.available()[0]:
+        pytest.skip(f"kernels cannot be traced here: {native_watch.available()[1]}")
+    nb = student_notebook(A04, {attention.SOFTMAX: ORACLE_HIDDEN_IN_THE_KERNEL})
+    report = grade_in_tmp(nb, A04)
+    tests = scores_by_test(report)
+    assert not any(tests[name].passed for name in SOFTMAX_TESTS), {n: tests[n].passed for n in SOFTMAX_TESTS}
+    assert any("observed from outside the kernel" in flag and "structured_softmax_cpu_out" in flag
+               for flag in report.flags), report.flags
+    assert tests["sdpa_values_match_torch"].passed, "the other tests keep their points"
+    # control: without the grader's breakpoints the attack passes (the kernel's own watch does not see it)
+    monkeypatch.setattr(native_watch, "families_of", lambda forbidden: [])
+    control = scores_by_test(grade_in_tmp(nb, A04, name="control.ipynb"))
+    assert all(control[name].passed for name in SOFTMAX_TESTS), (
+        "control: with the native watch off, this attack should pass the softmax tests (else it proves nothing)")
+
+
+def test_the_native_watch_finds_every_route_to_softmax_and_no_other_code():
+    """The breakpoints, on a plain process: softmax by every Python route and from another thread is seen; the
+    same numbers by hand are not, nor softmax outside the armed window."""
+    from autograder import native_watch
+    if not native_watch.available()[0]:
+        pytest.skip(f"processes cannot be traced here: {native_watch.available()[1]}")
+    child = subprocess.Popen([sys.executable, "-u", "-c", NATIVE_ROUTES], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        watch = native_watch.NativeWatch(child.pid)
+
+        def run(route, armed=True):
+            if armed:
+                watch.arm(["softmax"])
+            child.stdin.write(route + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == f"done {route}"
+            return watch.disarm() if armed else None
+        for route in ("F.softmax", "Tensor.softmax", "torch.ops", "_safe_softmax", "log_softmax", "sdpa",
+                      "a thread", "DisableTorchFunction"):
+            assert run(route), f"{route}: no breakpoint was hit"
+        assert run("by hand") == [], "code that computes softmax itself hit a breakpoint"
+        run("F.softmax", armed=False)
+        assert watch.disarm() == [], "a call outside the armed window was recorded"
+        watch.close()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert child.returncode == 0, "the traced process did not end normally"
+
+
+NATIVE_ROUTES = """
+import sys, threading, torch, torch.nn.functional as F
+x = torch.randn(4, 5)
+routes = {"F.softmax": lambda: F.softmax(x, -1), "Tensor.softmax": lambda: x.softmax(-1),
+          "torch.ops": lambda: torch.ops.aten._softmax(x, -1, False), "_safe_softmax": lambda: torch._safe_softmax(x, -1),
+          "log_softmax": lambda: F.log_softmax(x, -1), "sdpa": lambda: F.scaled_dot_product_attention(x[None], x[None], x[None]),
+          "by hand": lambda: (x - x.amax(-1, True)).exp() / (x - x.amax(-1, True)).exp().sum(-1, True)}
+def in_a_thread():
+    thread = threading.Thread(target=routes["F.softmax"]); thread.start(); thread.join()
+def disabled():
+    with torch._C.DisableTorchFunction():
+        routes["F.softmax"]()
+routes.update({"a thread": in_a_thread, "DisableTorchFunction": disabled})
+print("ready", flush=True)
+for line in sys.stdin:
+    routes[line.strip()]()
+    print("done", line.strip(), flush=True)
+"""
+
+
+# ------------------------------------------------------------------------------- answers out of reach
+# The course's own reference of the exercise, reached by a computed name with the kernel's watch off: in the
+# sandbox of 04 the module is a line that raises ImportError (autograder/answers.py).
+REFERENCE_BEHIND_THE_WATCH = attention.sdpa("""
+    import sys, functools, importlib
+    saved = sys.getprofile()
+    functools.partial(sys.setprofile, None)()
+    try:
+        reference = getattr(importlib.import_module("courselib." + "attention"), "scaled_dot_product" + "_attention")
+        return reference(q, k, v, mask)
+    finally:
+        functools.partial(sys.setprofile, saved)()
+""")
+SDPA_TESTS = ("sdpa_values_match_torch", "sdpa_mask")
+
+
+def test_the_course_reference_of_an_exercise_is_not_in_its_sandbox(grade_in_tmp, monkeypatch):
+    from autograder import answers, sandbox
+    if not sandbox.available()[0]:
+        pytest.skip(f"no OS sandbox here: {sandbox.available()[1]}")
+    nb = student_notebook(A04, {attention.SDPA: REFERENCE_BEHIND_THE_WATCH})
+    tests = scores_by_test(grade_in_tmp(nb, A04))
+    assert not any(tests[name].passed for name in SDPA_TESTS), {n: tests[n].message[:200] for n in SDPA_TESTS}
+    assert "not available while 04_self_attention is graded" in tests["sdpa_values_match_torch"].message
+    # control: with the module mounted as it is, the same code takes the course's answer and passes
+    monkeypatch.setattr(answers, "unreachable", lambda assignment: {})
+    control = scores_by_test(grade_in_tmp(nb, A04, name="control.ipynb"))
+    assert all(control[name].passed for name in SDPA_TESTS), (
+        "control: with the reference in the sandbox, this answer should pass (else the test proves nothing)")
+
+
+def test_the_references_a_student_took_in_the_held_out_attacks_are_out_of_reach():
+    """09's CausalSelfAttention, LlamaAttention and Llama, 11's reference answers: not in their notebooks'
+    sandboxes. What stays in reach because a notebook's own code builds on it is exactly this list: a new entry
+    must be a decision (split the module: answers.py), never an accident."""
+    from autograder import answers
+    from autograder.config import REPO_ROOT
+    nine, eleven = answers.unreachable("09_gpt"), answers.unreachable("11_rlhf")
+    for module in ("fused_gpt", "gpt", "llama_model"):
+        assert nine[str(REPO_ROOT / "courselib" / f"{module}.py")].startswith("raise ImportError"), module
+    assert eleven[str(REPO_ROOT / "courselib" / "rlhf_reference.py")].startswith("raise ImportError")
+    from autograder.config import assignment_ids
+    in_reach = {assignment: answers.in_reach(assignment) for assignment in assignment_ids() if answers.in_reach(assignment)}
+    assert in_reach == IN_REACH, f"course modules holding answers that stay in a notebook's sandbox: {in_reach}"
+
+
+# notebook: the course modules holding answers to its exercises that its own cells or probes build on
+IN_REACH = {"05_multi_head_attention": ["courselib.attention"],   # its probes hand split_heads & co. to the answers
+            "06_masking": ["courselib.attention"],                # its cells use MultiHeadAttention, its probes helpers
+            "08_bert_fill_mask": ["courselib.bert", "courselib.tiny_bert"],   # its pre-training builds the MiniBert
+            "09_gpt": ["courselib.attention", "courselib.blocks"],            # 04's and 07's answers, not 09's
+            "10_encoder_decoder": ["courselib.seq2seq"],          # the model it trains and decodes with
+            "11_rlhf": ["courselib.rlhf"]}                        # its runs (token_log_probs among them)
+
+
+def test_a_notebook_in_float64_keeps_its_marks(grade_in_tmp):
+    """`torch.set_default_dtype(torch.float64)` in the first cell: the probes draw their hidden inputs in float32
+    as the judges do (they drew them in the kernel's default and were judged against other numbers: 9/14)."""
+    nb = demo.with_cell(student_notebook(A04), "torch.set_default_dtype(torch.float64)")
+    report = grade_in_tmp(nb, A04)
+    assert report.score == report.max_score and not report.flags, (report.score, report.flags,
+                                                                   [t.message[:200] for t in report.tests if not t.passed])

@@ -242,14 +242,15 @@ _torch_one_hot = torch.nn.functional.one_hot   # captured now, before the tests 
 """ + one_hot(RANGE_CHECK + """
     return _torch_one_hot(ids, vocab_size).float()
 """)}, loses=("one_hot_shape_and_dtype", "one_hot_values"), message="flagged for review"),
-    # The hidden checks' module is importable in the kernel too: its reference code is no answer either.
+    # The oracle of the hidden checks lives with the judges, which the grading sandbox does not contain: the
+    # import fails, and the answer is never defined.
     Variant("neighbours_from_the_hidden_checks_reference", {NEIGHBOURS: """
 from autograder.checks.embeddings import cosine_oracle, ranked
 
 """ + neighbours("""
     return torch.tensor(ranked(cosine_oracle(E, index), index, k))
 """)}, loses=("nearest_neighbours_format", "nearest_neighbours_cosine", "nearest_neighbours_ties"),
-        message="flagged for review"),
+        message="is not defined"),
 ]
 
 
