@@ -7,6 +7,7 @@ autograder/tests/test_rlhf_lib.py runs the notebook's pipeline with these pieces
 notebooks.
 """
 import copy
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -158,6 +159,36 @@ def token_returns(token_log_ratios, mask, scores, beta, gamma=1.0):
         running = rewards[:, t] + gamma * running
         returns[:, t] = running
     return returns * mask
+
+
+def build_setup(model, tokenizer, sft_steps=30, reward_steps=100, eval_prompts=96):
+    """The notebook's setup built with the course's recipe (for the suite's seed comparison): SFT of `model` on the
+    demonstrations (Adam 1e-3, `sft_steps` batches of 32), the preference pairs of its replies, the bag-of-words
+    reward model (`reward_steps` full-batch SGD steps at 1.0). Uses the course's reference answers."""
+    answers = sys.modules[__name__]
+    chat_prompts, demonstrations, frozen_copy = rlhf.chat_prompts, rlhf.demonstrations, rlhf.frozen_copy
+    collect_preferences, BagOfWordsReward, Setup = rlhf.collect_preferences, rlhf.BagOfWordsReward, rlhf.Setup
+    train_prompts, test_prompts = chat_prompts(tokenizer, 256, seed=1), chat_prompts(tokenizer, 128, seed=2)
+    evaluation, demonstration_prompts = chat_prompts(tokenizer, eval_prompts, seed=3), chat_prompts(tokenizer, 256, seed=4)
+    ids, lengths = demonstrations(tokenizer, demonstration_prompts)
+    tuned = copy.deepcopy(model).train()
+    optimizer = torch.optim.Adam(tuned.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(sft_steps):
+        rows = torch.randint(len(ids), (32,), generator=generator)
+        loss = answers.sft_loss(tuned(ids[rows]), ids[rows], demonstration_prompts.ids.shape[1], lengths[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    reference = frozen_copy(tuned.eval())
+    generator = torch.Generator().manual_seed(0)
+    pairs, _ = collect_preferences(reference, tokenizer, train_prompts, generator)
+    reward_model = BagOfWordsReward(len(tokenizer))
+    optimizer = torch.optim.SGD(reward_model.parameters(), lr=1.0)
+    for _ in range(reward_steps):
+        answers.reward_model_step(reward_model, optimizer, pairs.chosen, pairs.chosen_mask, pairs.rejected,
+                                  pairs.rejected_mask)
+    return Setup(reference, reward_model, tokenizer, train_prompts, evaluation, pairs)
 
 
 def pieces():

@@ -458,7 +458,7 @@ SWEEP_SEEDS = (1, 4)     # the seeds under which the first settings of PPO (1) a
 def sweep(shipped):
     """11's comparison in self-study settings (15 RL steps, 96 evaluation prompts), run with the course's reference
     answers under two training seeds: about 3 CPU minutes, the cost of proving the text's rankings."""
-    setup = rlhf.build_setup(*shipped)
+    setup = answers.build_setup(*shipped)
     return rlhf.Comparison(setup, answers.pieces()).sweep(SWEEP_SEEDS)
 
 
