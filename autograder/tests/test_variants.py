@@ -47,7 +47,7 @@ def batch_of(assignment_id, alternative):
 _replays = {}
 EXECUTION_BUDGET_SECONDS = 15
 TRAINING_BUDGET_SECONDS = 30  # 07-11 train models while they run
-TRAINING_NOTEBOOKS = ("07_", "08_", "09_", "10_", "11_")
+TRAINING_NOTEBOOKS = ("07_", "08_", "09_", "10_", "11_", "12_")
 
 
 def replayed(assignment_id):
