@@ -92,6 +92,8 @@ class GuardedExecute(PrivateSocketExecute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._assignment = (resources or {}).get("nbgrader", {}).get("assignment")
+        self._started = time.perf_counter()
+        self._timings = collections.Counter()   # where the notebook's grading time goes (make grade-benchmark)
         key = judging.run_key()
         self._output_bytes = collections.Counter()
         self._errors = collections.Counter()
@@ -123,10 +125,18 @@ class GuardedExecute(PrivateSocketExecute):
             self._finished = self.finish(nb)
         resources["guard_findings"], resources["judge_flags"] = self._finished
         resources["review"] = list(self._routes)
+        self._timings["total"] = time.perf_counter() - self._started
+        resources["timings"] = {name: round(seconds, 3) for name, seconds in self._timings.items()}
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
+        if "kernel_start" not in self._timings:   # the kernel started, its imports not yet made
+            self._timings["kernel_start"] = time.perf_counter() - self._started
+        started = time.perf_counter()
         result = self.execute_armed(cell, resources, index)
+        kind = ("guard" if index == self._guard_index else "tests" if index in self._armed
+                else "answer_cells" if utils.is_solution(cell) else "course_cells")
+        self._timings[kind] += time.perf_counter() - started
         if index == self._guard_index:
             self._finished = self.finish(self.nb, resources)  # the kernel is still there (see replay.py)
         return result
@@ -158,11 +168,15 @@ class GuardedExecute(PrivateSocketExecute):
                 outputs = list(cell.outputs)
             if not judging.has_error(cell):
                 cell.source = judging.arm_line(self._armed[index][2]) + hidden
+                watched = time.perf_counter()
                 self._native.arm(families)
+                self._timings["native_watch"] += time.perf_counter() - watched
                 try:
                     super().preprocess_cell(cell, resources, index)
                 finally:
+                    watched = time.perf_counter()
                     hits = self._native.disarm()
+                    self._timings["native_watch"] += time.perf_counter() - watched
                 if hits:
                     self._native_hits[index] = hits
                 cell.outputs = outputs + list(cell.outputs)
@@ -183,10 +197,12 @@ class GuardedExecute(PrivateSocketExecute):
             return ()
         if self._native is None:
             ok, why = native_watch.available()
+            watched = time.perf_counter()
             try:
                 if not ok:
                     raise native_watch.Unavailable(why)
                 self._native = native_watch.NativeWatch(native_watch.kernel_process(self._kernel_pid()))
+                self._timings["native_watch"] += time.perf_counter() - watched
             except native_watch.Unavailable as error:
                 self._native = False
                 self._native_unavailable = str(error)
@@ -218,7 +234,10 @@ class GuardedExecute(PrivateSocketExecute):
         flags). What the source only suggests (self._routes) is kept apart: it is for review, not a zero."""
         findings = self._guard_findings()
         self._warm_up.join()
-        return findings, self._judge(nb)
+        judged = time.perf_counter()
+        flags = self._judge(nb)
+        self._timings["judges"] += time.perf_counter() - judged
+        return findings, flags
 
     def read_source(self, nb, resources=None):
         """The grader's own reading of the hand-in (autograder/integrity.py), before anything runs:
@@ -338,7 +357,8 @@ class ZeroScoresOnTampering(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         findings = bounded(resources.get("guard_findings") or [])
         nb.metadata["autograder"] = {"guard_findings": findings, "judge_flags": bounded(resources.get("judge_flags") or []),
-                                     "review": bounded(resources.get("review") or [])}
+                                     "review": bounded(resources.get("review") or []),
+                                     "timings": resources.get("timings") or {}}
         if findings:
             reason = ("The grading environment was changed by code in this notebook, so no test can "
                       "be trusted: " + "; ".join(findings[:5]) + ". The notebook scores 0 and is "

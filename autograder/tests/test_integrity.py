@@ -614,16 +614,24 @@ for line in sys.stdin:
 # ------------------------------------------------------------------------------- answers out of reach
 # The course's own reference of the exercise, reached by a computed name with the kernel's watch off: in the
 # sandbox of 04 the module is a line that raises ImportError (autograder/answers.py).
-REFERENCE_BEHIND_THE_WATCH = attention.sdpa("""
-    import sys, functools, importlib
+REFERENCE_BEHIND_THE_WATCH = """
+import importlib
+try:   # taken when the cell runs, before any test's watch is on, under a computed name
+    _course = getattr(importlib.import_module("courselib." + "attention"), "scaled_dot_product" + "_attention")
+except ImportError as error:
+    _course = error
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    if isinstance(_course, Exception):
+        raise _course
+    import sys, functools
     saved = sys.getprofile()
-    functools.partial(sys.setprofile, None)()
+    functools.partial(sys.setprofile, None)()   # the watch's profile hook off, without a profile event
     try:
-        reference = getattr(importlib.import_module("courselib." + "attention"), "scaled_dot_product" + "_attention")
-        return reference(q, k, v, mask)
+        return _course(q, k, v, mask)
     finally:
         functools.partial(sys.setprofile, saved)()
-""")
+"""
 SDPA_TESTS = ("sdpa_values_match_torch", "sdpa_mask")
 
 

@@ -6,6 +6,7 @@ BY_HAND = "self_attention_by_hand_answer"
 SOFTMAX = "softmax_answer"
 SDPA = "scaled_dot_product_attention_answer"
 ONLINE = "online_attention_answer"
+SOFTMAX_TESTS = ("softmax_matches_torch", "softmax_is_stable", "softmax_respects_dim")
 
 
 def by_hand(body):
@@ -94,6 +95,66 @@ MUTANTS = [
     Variant("softmax_calls_torch_softmax", {SOFTMAX: softmax("""
     return torch.softmax(x, dim=dim)
 """)}, loses=("softmax_matches_torch",), message="oracle"),
+    # ---- softmax taken from torch by routes that no reading of the source resolves and that hide from the
+    # kernel's own watch: every one ends in libtorch's softmax, where the grader's breakpoint sees it from
+    # outside the kernel (autograder/native_watch.py); where the kernel's watch refuses the call first, that
+    # is the finding. Either way the tests fail and are flagged.
+    *[Variant(f"softmax_taken_by_{name}", {SOFTMAX: code}, loses=SOFTMAX_TESTS, message="flagged for review")
+      for name, code in (
+        ("getattr_with_a_constant", softmax("""
+    with torch._C.DisableTorchFunction():
+        return getattr(torch._C._VariableFunctions, "softmax")(x, dim)
+""")),
+        ("exec_through_an_alias", softmax("""
+    run, scope = exec, {"x": x, "dim": dim}
+    run("import torch\\nout = torch._C._VariableFunctions.softmax(x, dim)", scope)
+    return scope["out"]
+""")),
+        ("functools_reduce_of_getattr", softmax("""
+    import functools
+    return functools.reduce(getattr, ["_C", "_VariableFunctions", "softmax"], torch)(x, dim)
+""")),
+        ("a_module_written_to_disk", softmax("""
+    import importlib.util, pathlib, tempfile
+    path = pathlib.Path(tempfile.mkdtemp()) / "helper_mod.py"
+    path.write_text("import torch\\ndef f(x, d):\\n    return torch._C._VariableFunctions.softmax(x, d)\\n")
+    spec = importlib.util.spec_from_file_location("helper_mod", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.f(x, dim)
+""")),
+        ("a_pickle", softmax("""
+    import io, pickle
+    class Call:
+        def __reduce__(self):
+            return (torch._C._VariableFunctions.softmax, (x, dim))
+    return pickle.loads(pickle.dumps(Call()))
+""")),
+        ("a_tensor_subclass_built_with_type", softmax("""
+    Fast = type("Fast", (torch.Tensor,), {})
+    return torch._C._VariableFunctions.softmax(x.as_subclass(Fast), dim).as_subclass(torch.Tensor)
+""")),
+        ("a_decorator_and_a_metaclass", softmax("""
+    def through(f):
+        return lambda *a: getattr([torch._C._VariableFunctions][0], "soft" + "max")(*a)
+    class Meta(type):
+        def __call__(cls, *a):
+            return through(None)(*a)
+    class Softmax(metaclass=Meta):
+        pass
+    return Softmax(x, dim)
+""")),
+        ("the_watch_switched_off", softmax("""
+    import functools, sys
+    saved = sys.getprofile()
+    functools.partial(sys.setprofile, None)()
+    try:
+        with torch._C.DisableTorchFunction():
+            return getattr(torch._C._VariableFunctions, "soft" + "max")(x, dim)
+    finally:
+        functools.partial(sys.setprofile, saved)()
+""")),
+      )],
     Variant("softmax_modifies_input_in_place", {SOFTMAX: softmax("""
     x -= x.amax(dim=dim, keepdim=True)
     return torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True)
