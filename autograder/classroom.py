@@ -798,6 +798,8 @@ def _grade_class(submissions, root, jobs, cell_timeout, quiet, sandbox_mode="req
 
     graded = sorted({i.assignment for i in items})
     missing_feedback = write_outputs(root, students, graded)
+    from autograder.hub.service import agreement_notes
+    strays += agreement_notes(root, find_submitted_folder(submissions), graded)   # the hub's feedback service
     report = table(ledger, students, graded) + "".join(f"\n  {line}" for line in strays + missing_feedback)
     (root / "report.txt").write_text(report + "\n")
     notebooks = len(pending)

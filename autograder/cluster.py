@@ -178,6 +178,7 @@ class Task:
     packages: list
     expected_seconds: float = 0.0
     files: dict = None     # path inside the hand-in folder -> bytes
+    tests: str = "full"    # "visible": the visible tests only (the hub's feedback service, autograder/hub/service.py)
 
     @property
     def name(self):
@@ -230,7 +231,8 @@ def _grade(task, work):
     config.GuardedExecute.sandbox = task.sandbox
     config.NbGraderAPI.log_level = logging.ERROR
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-    shutil.copyfile(grading.generated_gradebook(task.assignment), work / "gradebook.db")
+    shutil.copyfile(grading.generated_gradebook(task.assignment, visible_only=task.tests == "visible"),
+                    work / "gradebook.db")
     folder = work / "submitted" / task.student / task.assignment
     folder.mkdir(parents=True)
     for relative, data in task.files.items():

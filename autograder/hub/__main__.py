@@ -2,6 +2,8 @@
 
 As root:        setup, start, up (setup then start: `make hub`), teardown
 As instructor:  release, duedate, release-feedback (in a terminal of their server)
+Feedback on each hand-in as it arrives (service.py): feedback-service (the hub starts it), feedback-mode and
+feedback-queue (instructors)
 """
 import argparse
 import os
@@ -9,7 +11,7 @@ import pathlib
 import socket
 import sys
 
-from autograder.hub import instructor, limits, setup
+from autograder.hub import instructor, limits, service, setup
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parent / "jupyterhub_config.py"
 
@@ -77,6 +79,7 @@ def main(argv=None):
     sub.add_argument("when", help="ISO time, e.g. 2026-12-01T17:00+01:00 (no zone: UTC)")
     sub = command("release-feedback", "(instructor) release the feedback `make grade` wrote", hub_folder=False)
     sub.add_argument("assignment")
+    service.add_commands(command)
     args = parser.parse_args(argv)
 
     if args.command in ("setup", "up"):
@@ -103,6 +106,8 @@ def main(argv=None):
                                            force=args.force)))
     elif args.command == "duedate":
         print(f"{args.assignment} is due {instructor.set_duedate(args.assignment, args.when)} UTC")
+    elif args.command in service.COMMANDS:
+        return service.run(args)
     elif args.command == "release-feedback":
         released, missing = instructor.release_feedback(args.assignment)
         for student, (files, late) in released.items():

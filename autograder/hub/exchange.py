@@ -252,6 +252,8 @@ class CourseCollect(CourseExchange, ExchangeCollect):
         for record in records:
             by_student.setdefault(record["username"], []).append(record)
         from nbgrader.api import Gradebook, MissingEntry
+
+        from autograder.hub.service import choose_hand_in
         with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gradebook:
             try:
                 self.duedate = gradebook.find_assignment(self.coursedir.assignment_id).duedate
@@ -263,7 +265,8 @@ class CourseCollect(CourseExchange, ExchangeCollect):
             if self.duedate is not None and self.before_duedate:
                 on_time = [r for r in own if r["timestamp"] <= self.duedate]
                 own = on_time or own
-            self.src_records.append(own[0])
+            # where the feedback service is on: the last or the best hand-in before the due date (service.py)
+            self.src_records.append(choose_hand_in(self.root, self.coursedir.assignment_id, own, self.duedate) or own[0])
 
     def do_copy(self, src, dest, log=None):
         """Copy a hand-in without following links; one that gained a link since it was looked at (a student

@@ -4,6 +4,7 @@ import os
 import pathlib
 import sys
 
+from autograder.hub.service import hub_service
 from autograder.hub.setup import PROXY, Settings
 from autograder.hub.spawner import CourseSpawner
 
@@ -54,3 +55,6 @@ if settings.cull_idle_seconds:
     c.JupyterHub.services = [{"name": "idle-culler", "command": [
         sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.cull_idle_seconds}",
         f"--cull-every={max(5, min(300, settings.cull_idle_seconds // 4))}"]}]
+# The feedback service (autograder/hub/service.py): grades each hand-in as it arrives, for the assignments whose
+# feedback an instructor turned on (`python -m autograder.hub feedback-mode`); the hub starts it again if it stops.
+c.JupyterHub.services.append(hub_service(settings))
