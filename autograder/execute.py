@@ -17,6 +17,7 @@ with every point the notebook earned kept.
 """
 import collections
 import json
+import os
 import pathlib
 import time
 
@@ -132,6 +133,7 @@ class GuardedExecute(PrivateSocketExecute):
     def preprocess_cell(self, cell, resources, index):
         if "kernel_start" not in self._timings:   # the kernel started, its imports not yet made
             self._timings["kernel_start"] = time.perf_counter() - self._started
+            self._take_baseline()
         started = time.perf_counter()
         result = self.execute_armed(cell, resources, index)
         kind = ("guard" if index == self._guard_index else "tests" if index in self._armed
@@ -311,11 +313,39 @@ class GuardedExecute(PrivateSocketExecute):
         return super().process_message(msg, cell, cell_index)
 
     def _guard_findings(self):
+        outside = self._outside_findings()
         reports = [r for r in self._reports if r.get("token") == self._report_token]
         if not reports:
-            return [NO_REPORT]
+            return [NO_REPORT] + outside
         findings = [str(f) for f in reports[0].get("findings", [])] if isinstance(reports[0].get("findings"), list) else [NO_REPORT]
-        return findings + ([FORGED_REPORT] if len(self._reports) > 1 else [])
+        return findings + ([FORGED_REPORT] if len(self._reports) > 1 else []) + outside
+
+    def _take_baseline(self):
+        """The grader's own record of the watched namespaces (outside_guard.py), taken before any code of the
+        notebook runs: where each dict is and what each name holds. None where it cannot be read later."""
+        from autograder import native_watch, outside_guard
+        self._baseline = None
+        if not (outside_guard.available()[0] and native_watch.available()[0]):
+            return
+        try:
+            self._kernel_process = native_watch.kernel_process(self._kernel_pid())
+            reply = self.wait_for_reply(self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
+                                                        user_expressions={"b": outside_guard.BASELINE_CODE}))
+            self._baseline = outside_guard.parse_baseline(
+                reply["content"]["user_expressions"]["b"]["data"]["text/plain"])
+        except Exception as error:  # noqa: BLE001 (the in-kernel guard still reports; say why this did not)
+            native_watch.warn_once(f"the watched namespaces cannot be read from outside: {error}")
+
+    def _outside_findings(self):
+        """Replacements in the watched namespaces, read from the kernel's memory by the grader."""
+        from autograder import outside_guard
+        if not getattr(self, "_baseline", None):
+            return []
+        try:
+            return outside_guard.changes(self._kernel_process, self._baseline)
+        except OSError as error:   # the kernel is gone (it crashed): what it did is said elsewhere
+            return [] if not os.path.exists(f"/proc/{self._kernel_process}") else [
+                f"the grader could not read the kernel's namespaces ({error})"]
 
     def _judge(self, nb, indices=None):
         """Decide every armed test cell (of `indices`) that ran without an error; return the flags for review."""

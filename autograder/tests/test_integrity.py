@@ -681,3 +681,28 @@ def test_a_notebook_in_float64_keeps_its_marks(grade_in_tmp):
     report = grade_in_tmp(nb, A04)
     assert report.score == report.max_score and not report.flags, (report.score, report.flags,
                                                                    [t.message[:200] for t in report.tests if not t.passed])
+
+
+# ------------------------------------------------------------------------------- tampering seen from outside
+TAMPER_AND_EDIT_THE_RECORD = """
+import importlib, torch
+_guard = importlib.import_module("autograder." + "guard")
+torch.allclose = lambda *args, **kwargs: True
+_guard._modules["torch"]["allclose"] = torch.allclose     # the in-kernel guard's own record, edited to match
+"""
+
+
+def test_a_replaced_function_is_seen_in_the_kernels_memory_though_the_guards_record_was_edited(grade_in_tmp,
+                                                                                              monkeypatch):
+    from autograder import native_watch, outside_guard
+    if not (native_watch.available()[0] and outside_guard.available()[0]):
+        pytest.skip("the kernel's memory cannot be read here")
+    nb = demo.with_cell(student_notebook(A04), TAMPER_AND_EDIT_THE_RECORD)
+    report = grade_in_tmp(nb, A04)
+    assert report.score == 0 and any("torch.allclose was replaced" in flag and "kernel's memory" in flag
+                                     for flag in report.flags), report.flags
+    # control: with only the guard in the kernel, the edited record hides the replacement
+    monkeypatch.setattr(outside_guard, "available", lambda: (False, "off for the control"))
+    control = grade_in_tmp(nb, A04, name="control.ipynb")
+    assert not any(flag.startswith("tampering") for flag in control.flags), (
+        "control: the in-kernel guard should be fooled by its edited record (else this proves nothing)")
