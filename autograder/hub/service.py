@@ -349,14 +349,14 @@ class Service:
         self.known = self.ledger.known()
         self.waiting = {}        # entries seen but not yet whole: entry -> first seen
         self.policies = {}
-        self.stopping = False
+        self.stopping = self.starting = False
 
     # -- finding hand-ins
     def scan(self, now=None):
         """Record every new, whole hand-in: queued when its assignment's feedback is on and the student has
         graded hand-ins left this hour, else limited (a page says when the next is graded) or skipped."""
         from autograder.config import assignment_ids
-        from autograder.hub.exchange import _owner, _problem, shown
+        from autograder.hub.exchange import _owner
         now = time.time() if now is None else now
         self.policies = read_policies(self.folder)
         known_assignments = set(assignment_ids())
@@ -375,30 +375,37 @@ class Service:
                 entry = f"{student}/{name}"
                 if entry in self.known:
                     continue
-                path = student_folder / name
-                parts = name.split("+")
-                assignment = parts[1] if len(parts) >= 3 else ""
-                problem = _problem(path, student, parts) if _few_files(path) else "it holds too many files"
-                if not problem and assignment not in known_assignments:
-                    problem = f"{shown(assignment)} is not an assignment of this course"
-                if problem:
-                    found.append((now, entry, student, assignment, "skipped", problem))
-                    continue
-                arrived = _arrival(path)
-                whole = all((path / stamp).is_file() for stamp in ("timestamp.txt", "submission_secret.txt")) and any(
-                    path.glob("*.ipynb"))
-                if not whole or now - arrived < SETTLE_SECONDS:
-                    first = self.waiting.setdefault(entry, now)
-                    if not whole and now - first > INCOMPLETE_SECONDS:
-                        found.append((arrived, entry, student, assignment, "skipped",
-                                      "no timestamp, secret or notebook in it: not a hand-in"))
-                    continue
-                self.waiting.pop(entry, None)
-                found.append((arrived, entry, student, assignment, None, None))
+                try:
+                    found += self._look_at(student_folder / name, entry, student, now, known_assignments)
+                except Exception as error:   # whatever a student puts in their folder stops nobody's feedback
+                    found.append((now, entry, student, "", "skipped", f"could not be read ({type(error).__name__})"))
         # in order of arrival; hand-ins that arrived within the same tick of the file system's clock (a few
         # milliseconds) in the order of the times their names claim
         for arrived, entry, student, assignment, state, reason in sorted(found, key=lambda f: (f[0], _claimed(f[1]), f[1])):
             self._record(now, arrived, entry, student, assignment, state, reason)
+
+    def _look_at(self, path, entry, student, now, known_assignments):
+        """[(arrived, entry, student, assignment, state or None, reason)] for a new entry, or [] while it is not whole."""
+        from autograder.hub.exchange import _problem, shown
+        name = path.name
+        parts = name.split("+")
+        assignment = parts[1] if len(parts) >= 3 else ""
+        problem = _problem(path, student, parts) if _few_files(path) else "it holds too many files"
+        if not problem and assignment not in known_assignments:
+            problem = f"{shown(assignment)} is not an assignment of this course"
+        if problem:
+            return [(now, entry, student, assignment, "skipped", problem)]
+        arrived = _arrival(path)
+        whole = all((path / stamp).is_file() for stamp in ("timestamp.txt", "submission_secret.txt")) and any(
+            path.glob("*.ipynb"))
+        if not whole or now - arrived < SETTLE_SECONDS:
+            first = self.waiting.setdefault(entry, now)
+            if not whole and now - first > INCOMPLETE_SECONDS:
+                return [(arrived, entry, student, assignment, "skipped",
+                         "no timestamp, secret or notebook in it: not a hand-in")]
+            return []
+        self.waiting.pop(entry, None)
+        return [(arrived, entry, student, assignment, None, None)]
 
     def _record(self, now, arrived, entry, student, assignment, state, reason):
         path = self.inbound / entry
@@ -438,10 +445,14 @@ class Service:
             log.info(f"starting the graders ({self.jobs} workers)" if not self.scheduler else
                      f"connecting to the Dask scheduler at {self.scheduler}")
             self.engine_error = None
+            self.starting = True
+            self.write_status()   # the queue as it stands while they start (a minute on a busy machine)
             log.info(f"graders ready: {self.engine.start()}")
+            self.starting = False
             return True
         except Exception as error:   # e.g. no sandbox on this machine: say so, keep the queue, try again later
             self.engine, self.engine_error = None, f"{type(error).__name__}: {error}"
+            self.starting = False
             self.engine_retry = time.time() + ENGINE_RETRY_SECONDS
             log.error(f"the graders could not start (again in {ENGINE_RETRY_SECONDS} s): {self.engine_error}")
             return False
@@ -453,10 +464,16 @@ class Service:
         if not (queue or any(p.on for p in self.policies.values())) or not self.ensure_engine():
             return
         for row in queue[:self.engine.free]:
-            task = self._task(row)
+            try:
+                task = self._task(row)
+            except Exception as error:   # e.g. a file its student made unreadable since: their error, nobody else's
+                task, failure = None, f"the hand-in could not be read ({type(error).__name__}: {error})"
             self.ledger.update(row["entry"], "sent", state="grading", started=time.time(),
                                attempts=row["attempts"] + 1)
-            self.engine.submit(task, row["entry"], row["id"])
+            if task is None:
+                self.record(row["entry"], None, failure)
+            else:
+                self.engine.submit(task, row["entry"], row["id"])
 
     def _task(self, row):
         """The hand-in as make grade would see it: copied as collect copies it, taken in as intake does
@@ -581,7 +598,8 @@ class Service:
                        workers, estimates)
         counts = {state: n for state, n in self.ledger.db.execute("SELECT state, COUNT(*) FROM handins GROUP BY state")}
         return {"pid": os.getpid(), "updated": now, "user": pwd.getpwuid(os.getuid()).pw_name,
-                "engine": {"ready": engine is not None, "workers": workers, "error": self.engine_error,
+                "engine": {"ready": engine is not None, "starting": self.starting, "workers": workers,
+                           "error": self.engine_error,
                            "description": engine.description if engine else None},
                 "policies": {a: dataclasses.asdict(p) for a, p in sorted(self.policies.items())},
                 "estimates": {a: round(s, 1) for a, s in estimates_cache.items()},
@@ -619,7 +637,18 @@ class Service:
         self.scan()
         self.dispatch()
         if self.engine is not None and self.engine.started:
-            for entry, result, error in self.engine.harvest(self.poll_seconds):
+            from autograder import cluster
+            try:
+                finished = self.engine.harvest(self.poll_seconds)
+            except cluster.CourseMismatch as error:
+                # the course changed under the graders (a fix deployed, a worker restarted on newer files): grade what
+                # was being graded again, on graders started afresh with the course as it now is
+                log.warning(f"the course changed while grading; the graders start again: {error}")
+                self.engine.close()
+                self.engine = None
+                self.ledger.recover()
+                finished = []
+            for entry, result, error in finished:
                 self.record(entry, result, error)
         else:
             time.sleep(self.poll_seconds)
@@ -934,8 +963,9 @@ def queue_text(folder, now=None):
     engine = status["engine"]
     lines = [f"feedback service: pid {status['pid']} as {status['user']}, last report {age:.0f} s ago"
              + (" (STOPPED? it reports every second)" if age > 30 else "") + "; graders: "
-             + ("ready, " + (engine["description"] or "") if engine["ready"] else
-                f"not started ({engine['error']})" if engine["error"] else "not started (no assignment's feedback is on)")]
+             + ("ready, " + (engine["description"] or "") if engine["ready"] else "starting" if engine.get("starting")
+                else f"not started ({engine['error']})" if engine["error"] else
+                "not started (no assignment's feedback is on)")]
     for assignment, policy in status["policies"].items():
         lines.append(f"  {assignment}: {Policy(**policy).describe()}")
     counts = status.get("counts", {})
