@@ -542,11 +542,11 @@ class CausalSelfAttention(nn.Module):
 ''').replace("LayerNorm(d_model, eps)", "LayerNorm(d_model, 1e-5)")},
         loses=("decoder_block_matches_gpt2",), message="whatever the block is given"),
     Variant("block_built_on_the_course_block", {BLOCK: '''
-from courselib.fused_gpt import Block as _Block
-
-class DecoderBlock(_Block):
-    pass
-'''}, loses=("decoder_block_matches_gpt2", "decoder_block_structure"), message="flagged for review"),
+class DecoderBlock(nn.Module):
+    def __new__(cls, *args, **kwargs):
+        from courselib.fused_gpt import Block as _Block
+        return _Block(*args, **kwargs)
+'''}, loses=("decoder_block_matches_gpt2", "decoder_block_structure"), message="ask you to write what it holds"),
     # ---- GPT
     Variant("gpt_untied_head", {MODEL: gpt(tie="")}, loses=("gpt_head_is_tied",), message="not tied"),
     Variant("gpt_scales_the_embeddings", {MODEL: gpt(scale="True")}, loses=("gpt_matches_gpt2",), message="√d_model"),
@@ -585,12 +585,11 @@ def lm_loss(logits, input_ids):
             attn.c_attn.bias.copy_(theirs.attn.c_attn.bias)
 ''')}, loses=("load_gpt2_copies_every_weight", "load_gpt2_parity"), message="reshape"),
     Variant("loader_from_the_course_reference", {LOADER: '''
-from courselib.fused_gpt import load_gpt2_weights as _load
-
 def load_gpt2_weights(model, hf):
+    from courselib.fused_gpt import load_gpt2_weights as _load
     return _load(model, hf)
 '''}, loses=("load_gpt2_copies_every_weight", "load_gpt2_parity", "load_gpt2_any_size"),
-        message="flagged for review"),
+        message="ask you to write what it holds"),
     Variant("loader_ignores_extra_blocks", {LOADER: loader(zip_blocks="zip(model.blocks, transformer.h)")},
             loses=("load_gpt2_any_size",), message="without complaint"),
     # ---- train
@@ -718,11 +717,11 @@ def load_gpt2_weights(model, hf):
         "apply_rope(q, k, base=self.rope_base)": "apply_rope(q, k)"})},
         loses=("llama_attention_matches_llama",), message="rope_base=500"),
     Variant("llama_attention_from_the_course_reference", {LLAMA_ATTENTION: '''
-from courselib.llama_model import LlamaAttention as _Reference
-
-class LlamaAttention(_Reference):
-    pass
-'''}, loses=("llama_attention_structure", "llama_attention_matches_llama"), message="flagged for review"),
+class LlamaAttention(nn.Module):
+    def __new__(cls, *args, **kwargs):
+        from courselib.llama_model import LlamaAttention as _Reference
+        return _Reference(*args, **kwargs)
+'''}, loses=("llama_attention_structure", "llama_attention_matches_llama"), message="ask you to write what it holds"),
     # ---- LlamaBlock and Llama
     Variant("llama_rms_norm_eps_outside_the_root", {LLAMA: '''
 class RMSNorm(nn.Module):
@@ -745,13 +744,17 @@ class RMSNorm(nn.Module):
                                                                          "return self.lm_head(x)")},
             loses=("llama_matches_hf",), message="norm and lm_head"),
     Variant("llama_from_the_course_reference", {LLAMA: '''
-from courselib.llama_model import Llama as _Llama, LlamaBlock as _Block
+class LlamaBlock(nn.Module):
+    def __new__(cls, *args, **kwargs):
+        from courselib.llama_model import LlamaBlock as _Block
+        return _Block(*args, **kwargs)
 
-LlamaBlock = _Block
 
-class Llama(_Llama):
-    pass
-'''}, loses=("llama_structure", "llama_matches_hf"), message="flagged for review"),
+class Llama(nn.Module):
+    def __new__(cls, *args, **kwargs):
+        from courselib.llama_model import Llama as _Llama
+        return _Llama(*args, **kwargs)
+'''}, loses=("llama_structure", "llama_matches_hf"), message="ask you to write what it holds"),
     # ---- top_k_filter
     Variant("top_k_breaks_ties", {TOP_K: top_k('''
     if not isinstance(k, int) or k < 1:
@@ -760,9 +763,10 @@ class Llama(_Llama):
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, torch.topk(logits, k, dim=-1).indices, True)
     return logits.masked_fill(~keep, float("-inf"))
 ''')}, loses=("top_k_filter_values",), message="ties"),
-    Variant("top_k_wraps_the_course_reference", {TOP_K: "import courselib.gpt\n\n" + top_k('''
+    Variant("top_k_wraps_the_course_reference", {TOP_K: top_k('''
+    import courselib.gpt
     return courselib.gpt.top_k_filter(logits, k)
-''')}, loses=("top_k_filter_values",), message="flagged for review"),
+''')}, loses=("top_k_filter_values",), message="ask you to write what it holds"),
     # ---- top_p_filter
     Variant("top_p_drops_the_token_that_crosses_p", {TOP_P: top_p(TOP_P_CHECK + '''
     probs = torch.softmax(logits, dim=-1)
@@ -851,27 +855,27 @@ class Llama(_Llama):
         "    param.mul_(1 - lr * weight_decay)\n": "",
         "    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))\n":
         "    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))\n    param.mul_(1 - lr * weight_decay)\n"})},
-        loses=("adamw_update_matches_torch",), message="before the step"),
+        loses=("adamw_update_matches_torch",), message="as it was before the step"),
     Variant("adamw_hard_codes_the_default_betas", {ADAMW: adamw(**{
         "    beta1, beta2 = betas\n": "    beta1, beta2 = 0.9, 0.999\n"})},
-        loses=("adamw_update_matches_torch",), message="betas you were given were not used"),
+        loses=("adamw_update_matches_torch",), message="the betas you were given"),
     # ---- generate_batch
     Variant("batch_positions_from_the_column", {BATCH: batch(**{
         "positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)": "positions = torch.arange(ids.shape[1]).expand_as(ids)"})},
-        loses=("generate_batch_matches_hf",), message="positions ignore the padding"),
+        loses=("generate_batch_matches_hf",), message="first real token at position 0"),
     Variant("batch_without_the_attention_mask", {BATCH: batch(**{
         "forward_padded(model, ids, positions, mask)": "forward_padded(model, ids, positions, torch.ones_like(mask))"})},
-        loses=("generate_batch_matches_hf",), message="the pads are attended"),
+        loses=("generate_batch_matches_hf",), message="no real token reading a pad"),
     Variant("batch_mask_from_the_ids", {BATCH: batch(**{
         "    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in prompts])\n":
         "    mask = (ids != pad_token_id).long()\n"})},
-        loses=("generate_batch_matches_hf",), message="comparing ids with pad_token_id"),
+        loses=("generate_batch_matches_hf",), message="not from comparing ids with the pad"),
     Variant("batch_padded_on_the_right", {BATCH: batch(**{
         "[[pad_token_id] * (width - len(row)) + list(row) for row in prompts]":
         "[list(row) + [pad_token_id] * (width - len(row)) for row in prompts]",
         "[[0] * (width - len(row)) + [1] * len(row) for row in prompts]":
         "[[1] * len(row) + [0] * (width - len(row)) for row in prompts]"})},
-        loses=("generate_batch_matches_hf",), message="Pad on the LEFT"),
+        loses=("generate_batch_matches_hf",), message="padded on the LEFT"),
     Variant("batch_rows_go_on_after_their_end", {BATCH: batch(**{
         "logits.argmax(dim=-1).masked_fill(finished, pad_token_id)": "logits.argmax(dim=-1)"})},
         loses=("generate_batch_stops_at_eos",), message="goes on writing after its end-of-sequence token"),
@@ -885,16 +889,16 @@ class Llama(_Llama):
     # ---- llama_forward_with_cache
     Variant("llama_cache_rope_offset_missing", {LLAMA_CACHE: llama_cache(**{
         "positions = torch.arange(past, past + T)": "positions = torch.arange(T)"})},
-        loses=("llama_cache_matches_uncached",), message="restart at 0"),
+        loses=("llama_cache_matches_uncached",), message="rotated by T_past"),
     Variant("llama_cache_repeats_the_heads", {LLAMA_CACHE: llama_cache(**{
         "        if cache[i] is not None:\n":
         "        group = attn.num_heads // attn.num_kv_heads\n"
         "        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
         "        if cache[i] is not None:\n"})},
-        loses=("llama_cache_shapes",), message="the queries' count"),
+        loses=("llama_cache_shapes",), message="not the 4 query heads"),
     Variant("llama_cache_without_a_mask", {LLAMA_CACHE: llama_cache(**{
         "grouped_query_attention(q, k, v, mask)": "grouped_query_attention(q, k, v)"})},
-        loses=("llama_cache_matches_uncached",), message="each other's future"),
+        loses=("llama_cache_matches_uncached",), message="is the mask there"),
     # ---- sample_next, reseeding instead of drawing from the generator
     Variant("sample_reseeds_the_global_generator", {SAMPLE: sample(SAMPLE_FILTERS + '''
     torch.manual_seed(generator.initial_seed())
