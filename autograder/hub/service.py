@@ -1053,5 +1053,7 @@ def hub_service(settings):
     """The service's entry in c.JupyterHub.services: managed by the hub, which starts it again when it stops. It
     starts as root and becomes the course's owner itself (become_owner): JupyterHub's own `user` key would run the
     course's Python as the owner before they could reach it, where it lies under a folder only root may enter."""
-    return {"name": SERVICE_NAME, "command": [sys.executable, "-m", "autograder.hub", "feedback-service",
-                                              "--dir", str(settings.root)]}
+    return {"name": SERVICE_NAME, "command": [sys.executable, "-B", "-m", "autograder.hub", "feedback-service",
+                                              "--dir", str(settings.root)],
+            # JupyterHub passes a service few of its own variables: nothing writes bytecode into the checkout
+            "environment": {"PYTHONDONTWRITEBYTECODE": "1"}}

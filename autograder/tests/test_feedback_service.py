@@ -614,3 +614,36 @@ def test_the_queue_limits_orders_predicts_and_survives_a_kill(tmp_path):
         assert ("Score: 14 / 14" in page) == (entry in entries[:3]) and ("Not graded" in page) == (entry in entries[3:])
     assert "Graded hand-ins left this hour: <b>0 of 3</b>" in page
     service.ledger.close()
+
+
+# ------------------------------------------------------------------------------------------ visible tests only
+def test_visible_mode_grades_with_the_visible_tests_alone(tmp_path):
+    """The task the service sends in `visible` mode (the course's grader, with a gradebook whose test cells have
+    no hidden part): the reference answers score in full, and nothing of the hidden tests runs or reaches the
+    page (no test cell calls a hidden check; the page says which tests ran). Control: the same task in `full`
+    mode runs the hidden checks."""
+    from autograder import cluster, judging
+    folder = tmp_path / "hand-in"
+    folder.mkdir()
+    nbformat.write(student_notebook(ASSIGNMENT), folder / f"{ASSIGNMENT}.ipynb")
+    packages = cluster.pinned_packages()
+    identity = cluster.course_identity(packages)["digest"]
+    calls = {}
+    for tests in ("visible", "full"):
+        task = cluster.Task("visible-check", ASSIGNMENT, str(folder), "a key", 60, "required", identity, packages,
+                            tests=tests)
+        result = cluster.grade_task(task.with_files())
+        assert result["error"] is None, result["log"][-2000:]
+        graded = nbformat.reads(result["autograded"][f"{ASSIGNMENT}.ipynb"].decode(), as_version=4)
+        calls[tests] = [judging.hidden_check_ref(c.source) for c in graded.cells
+                        if c.get("metadata", {}).get("nbgrader", {}).get("grade") and judging.hidden_check_ref(c.source)]
+        outcome = feedback.outcome_of(ASSIGNMENT, result, None, mode=tests)
+        assert outcome["score"] == outcome["max_score"] == 14, outcome
+        if tests == "visible":
+            row = {"assignment": ASSIGNMENT, "arrived": time.time() - 5, "state": "graded", "mode": tests,
+                   "reason": None, **outcome}
+            page = feedback.with_block(result["feedback"][f"{ASSIGNMENT}.html"].decode(),
+                                       feedback.page_block(row, feedback.Policy("visible"), time.time(), 2, None),
+                                       ASSIGNMENT)
+            assert "the visible tests only" in page and "autograder.checks" not in page, "a hidden test reached the page"
+    assert calls["visible"] == [] and len(calls["full"]) >= 10, calls
