@@ -60,6 +60,7 @@ MODULES = {  # imported or reached: the route they are
     "jupyter_client": "reaches the kernel's machinery", "zmq": "reaches the kernel's sockets",
     "autograder": "reaches the grader", "sqlite3": "opens a database (the gradebook is one)",
 }
+GRADER_PACKAGES = ("autograder",)     # reached by graded code: taken (taken_findings)
 ALLOWED_IMPORTS = ("IPython.display",)   # submodules of the modules above that a correct answer may use
 # IPython magics a learner uses honestly; the code that time, timeit and capture run is read as any other
 SAFE_MAGICS = {"time": True, "timeit": True, "capture": True, "matplotlib": False, "precision": False,
@@ -367,9 +368,10 @@ def taken_findings(cells, test_calls, forbidden_of):
     `test_calls` {test cell index: (check ref, [argument source])}, `forbidden_of(ref)` the check's list."""
     found = {}
     for test_index, (ref, arguments) in test_calls.items():
-        forbidden = forbidden_of(ref)
-        if not forbidden:
-            continue
+        # the grader's own modules are no answer to anything: the hidden checks' module is importable in the
+        # kernel (its probes run there), with the reference helpers it hands to answers, and code a test grades
+        # that reaches into it is taken, whatever the check lists
+        forbidden = (*forbidden_of(ref), *GRADER_PACKAGES)
         findings = _taken_before(tuple((label, source) for index, label, source in cells if index < test_index),
                                  tuple(arguments), tuple(forbidden))
         if findings:

@@ -173,6 +173,8 @@ TAKEN = [
     ("log_softmax, then exp", "def softmax(x, dim=-1):\n    return F.log_softmax(x, dim).exp()"),
     ("the course's reference", "from courselib.attention import masked_softmax as helper\n"
                                "def softmax(x, dim=-1):\n    return helper(x, None)"),
+    ("the grader's own reference", "from autograder.checks.self_attention import reference_softmax\n"
+                                   "def softmax(x, dim=-1):\n    return reference_softmax(x, dim)"),
     ("a helper in another cell", None),
     ("captured at module level", "oracle = F.softmax\ndef softmax(x, dim=-1):\n    return oracle(x, dim)"),
     ("a class that computes it", "class Soft:\n    def run(self, x, dim):\n        return torch.special.softmax(x, dim)\n"
