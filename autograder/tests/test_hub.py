@@ -296,6 +296,14 @@ def submission_time(hub, user):
     return parse_utc(stamps[-1].read_text())
 
 
+def latest_submission(hub, user):
+    """The timestamp of `user`'s last submission as the Assignments tab shows it (feedback service step)."""
+    cache = hub.home(user) / ".local" / "share" / "jupyter" / "nbgrader_cache" / hub.settings.course_id
+    stamps = sorted(cache.glob(f"{user}+{ASSIGNMENT}+*/timestamp.txt"))
+    assert stamps, f"{user} has no submission of {ASSIGNMENT} in their nbgrader cache"
+    return stamps[-1].read_text().strip()
+
+
 def feedback_html(browser):
     """The feedback HTML the student fetched, as text (nbgrader puts it under the assignment's folder)."""
     found = sorted((browser.hub.home(browser.user) / ASSIGNMENT / "feedback").glob(f"*/{ASSIGNMENT}.html"))
@@ -518,6 +526,75 @@ def test_class_loop_on_jupyterhub(hub, browsers):
         assert timings["loop_s"] < timings["loop_budget_s"], (
             f"the class loop took {timings['loop_s']} s, over its budget of {timings['loop_budget_s']} s "
             f"({LOOP_BUDGET_S} s on an idle machine; load average {loads})")
+
+        # -- feedback within a minute of Submit (autograder/hub/service.py; README "Feedback within a minute of Submit").
+        #    The instructor turns it on for 04; ada and ben submit again, in the same second; each reads their own
+        #    score per test in the feedback the service wrote (the same notebooks' grades as make grade's above),
+        #    the time from their click on Submit measured, and nothing of the other's.
+        feedback_budget_s, feedback_ready_timeout_s = 60, 600   # budget: from Submit to the score read, two idle cores
+        with prof.step("the instructor turns on feedback for 04; the service's graders are ready", timing="feedback_on_s"):
+            code, log = prof.terminal(
+                f"python -m autograder.hub feedback-mode {ASSIGNMENT} full --per-hour 3 && until python -m "
+                "autograder.hub feedback-queue | grep -q 'graders: ready'; do sleep 1; done; "
+                "python -m autograder.hub feedback-queue", "feedback-on", feedback_ready_timeout_s)
+            (ARTIFACTS / "feedback-on.log").write_text(log)
+            assert code == 0 and "graders: ready" in log, f"the feedback service is not ready:\n{log[-3000:]}"
+        for student in (ada, ben):
+            with student.step("the Assignments tab, Submit at hand"):
+                student.assignments()
+        clicked = {}
+        with ada.step("ada and ben submit in the same second"):
+            for student in (ada, ben):
+                row = student.page.locator("#fetched_assignments_list .list_item", has_text=ASSIGNMENT)
+                row.locator("button", has_text=re.compile("^Submit$")).first.click()
+                clicked[student.user] = time.perf_counter()
+            assert clicked[ben.user] - clicked[ada.user] < 1.0, "the two clicks were more than a second apart"
+        budget = feedback_budget_s * max(1.0, os.getloadavg()[0] / os.cpu_count())
+        seconds, texts = {}, {}
+        waiting = {ada.user: (ada, full), ben.user: (ben, partial)}
+        deadline = time.monotonic() + 2 * budget
+        while waiting and time.monotonic() < deadline:
+            for user, (student, entry) in list(waiting.items()):
+                with student.step("poll the Assignments tab for feedback"):
+                    stamp = latest_submission(hub, user)
+                    student.assignments()
+                    mine = student.page.locator("#submitted_assignments_list .nested_list_item", has_text=stamp)
+                    if "feedback available to fetch" not in mine.inner_text():
+                        continue
+                with student.step("fetch and read the new feedback"):
+                    row = student.page.locator("#submitted_assignments_list .list_item", has_text=ASSIGNMENT)
+                    row.locator("button", has_text=re.compile("^Fetch Feedback$")).first.click()
+                    fetched = mine.filter(has_text="view feedback")
+                    fetched.wait_for()
+                    fetched.locator("a", has_text="view feedback").click()
+                    # the file browser shows this hand-in's feedback folder (named by its time), not the earlier one
+                    student.page.locator("#filebrowser .jp-BreadCrumbs").filter(has_text=stamp).wait_for()
+                    student.page.locator("#filebrowser .jp-DirListing-itemText", has_text=f"{ASSIGNMENT}.html").dblclick()
+                    frame = student.page.frame_locator(".jp-HTMLViewer:visible iframe")
+                    frame.locator("body").filter(has_text="Graded hand-ins left this hour").wait_for()
+                    texts[user] = frame.locator("body").inner_text()
+                    seconds[user] = round(time.perf_counter() - clicked[user], 1)
+                    student.screenshot("feedback-within-a-minute")
+                    del waiting[user]
+            time.sleep(1)
+        timings["feedback_from_submit_s"] = seconds
+        timings["feedback_budget_s"] = round(budget, 1)
+        assert not waiting, f"no feedback for {sorted(waiting)} within {2 * budget:.0f} s of Submit: {seconds}"
+        for student, other, entry in ((ada, ben, full), (ben, ada, partial)):
+            text = texts[student.user]
+            from autograder.grading import stretch_points
+            stretch = f" (optional stretch: {entry.get('stretch_score', 0):g} / {stretch_points(ASSIGNMENT):g})"
+            assert f"Score: {entry['score']:g} / {entry['max_score']:g}{stretch}" in text, (
+                f"{student.user}'s feedback should show make grade's score for the same notebook:\n{text[:2000]}")
+            assert "Graded hand-ins left this hour: 2 of 3" in text, text[:2000]
+            assert other.user not in text, f"{student.user}'s feedback mentions {other.user}"
+        assert MUTANT.message in texts[ben.user], f"ben's feedback should teach the √d_k:\n{texts[ben.user][:3000]}"
+        assert max(seconds.values()) < budget, (
+            f"feedback came {seconds} s after Submit, over the budget of {budget:.0f} s ({feedback_budget_s} s idle)")
+        with ben.step("the service's folder is closed to a student"):
+            folder = hub.folder / "feedback-service"
+            code, log = ben.terminal(f"ls {folder} || cat {folder}/ledger.db", "service-probe", 30)
+            assert code != 0 and "Permission denied" in log, log
     finally:
         for browser in browsers.values():
             timings.update({f"{browser.user.split('-')[0]}_{k}": v for k, v in browser.timings.items()})
