@@ -253,20 +253,41 @@ def _visible_part(source):
     return re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
 
 
-def _failure_message(cell):
+UNDEFINED_NAME = re.compile(r"name '(\w+)' is not defined")
+
+
+def _error_of(cell):
+    """The (ename, evalue) of a cell's error output, or None."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
-            ename, evalue = output.get("ename", "Error"), ANSI_ESCAPE.sub("", output.get("evalue", ""))
-            if ename == "NotImplementedError" and not evalue:
-                return "Not answered yet: the function still raises NotImplementedError."
-            if ename == "AssertionError" and evalue:
-                return evalue
-            if ename == "CellTimeoutError":
-                return "This test cell ran out of time: is there an infinite loop in your code?"
-            if ename == "NotebookTimeoutError":
-                return evalue
-            return f"{ename}: {evalue}".strip(": ")
-    return ""
+            return output.get("ename", "Error"), ANSI_ESCAPE.sub("", output.get("evalue", ""))
+    return None
+
+
+def _failure_message(cell, cells=()):
+    """What a failed test cell teaches. `cells`: the notebook's cells, to say why a name the test needs is
+    undefined (the cell above that defines it stopped with an error: that error is the one to fix)."""
+    error = _error_of(cell)
+    if error is None:
+        return ""
+    ename, evalue = error
+    if ename == "NotImplementedError" and not evalue:
+        return "Not answered yet: the function still raises NotImplementedError."
+    if ename == "AssertionError" and evalue:
+        return evalue
+    if ename == "CellTimeoutError":
+        return "This test cell ran out of time: is there an infinite loop in your code?"
+    if ename == "NotebookTimeoutError":
+        return evalue
+    message = f"{ename}: {evalue}".strip(": ")
+    undefined = UNDEFINED_NAME.fullmatch(evalue) if ename == "NameError" else None
+    above = [c for c in cells[:next((i for i, c in enumerate(cells) if c is cell), 0)]
+             if c.get("cell_type") == "code"]
+    for earlier in reversed(above if undefined else []):
+        cause = _error_of(earlier)
+        if cause and cause != error and re.search(rf"\b{undefined.group(1)}\b", "".join(earlier.get("source", ""))):
+            return f"{message}: the cell above that defines it stopped with {cause[0]}: {cause[1]}".strip(": ")
+    return message
 
 
 def _zero_report(assignment_id, name, source_nb, errors, flags=()):
@@ -344,7 +365,7 @@ def check_notebook(path, assignment_id=None, cell_timeout=None, sandbox_mode="pr
     for grade_id, max_score in grade_cells(source_nb):
         score = grades.get(grade_id, 0.0)
         passed = score >= max_score
-        message = "" if passed else (_failure_message(cells_by_id.get(grade_id, {}))
+        message = "" if passed else (_failure_message(cells_by_id.get(grade_id, {}), autograded_nb.cells if autograded_nb else ())
                                      or "this test did not run")
         tests.append(TestResult(grade_id, score, max_score, passed, message))
     return Report.of(assignment_id, tests, errors, flags)

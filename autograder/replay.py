@@ -286,7 +286,7 @@ def score(nb, findings, flags, config, cells_run, review=()):
             grade_id = cell.metadata.nbgrader["grade_id"]
             earned, worth = utils.determine_grade(cell, logging.getLogger("replay"))
             scores[grade_id] = (float(earned), float(worth))
-            messages[grade_id] = "" if earned >= worth else (_failure_message(cell) or "this test did not run")
+            messages[grade_id] = "" if earned >= worth else (_failure_message(cell, nb.cells) or "this test did not run")
     return Outcome(scores, messages, graded_findings(nb), [], cells_run)
 
 

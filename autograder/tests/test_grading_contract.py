@@ -200,3 +200,25 @@ def test_malformed_cell_metadata_is_graded_not_crashed(grade_in_tmp):
     report = grade_in_tmp(nb, EXEMPLAR)
     assert report.max_score == EXEMPLAR_POINTS and report.score == EXEMPLAR_POINTS, report.errors
     assert any("points changed" in f for f in report.flags)
+
+
+def test_a_test_that_finds_its_answer_undefined_names_the_error_that_stopped_the_answer_cell():
+    """An answer cell that stops early (an import that fails) leaves its name undefined; the test's message says
+    which error to fix, not only that the name is missing."""
+    from autograder.grading import _failure_message
+
+    def code(source, ename=None, evalue=""):
+        cell = nbformat.v4.new_code_cell(source)
+        cell.outputs = [nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[])] if ename else []
+        return cell
+    undefined = code("check(FeedForward)", "NameError", "name 'FeedForward' is not defined")
+    stopped = code("from courselib.blocks import FeedForward as F\nclass FeedForward(F): pass", "ImportError",
+                   "the course's courselib.blocks is not available while 07_encoder is graded")
+    visible = code("FeedForward(8, 32)", "NameError", "name 'FeedForward' is not defined")
+    message = _failure_message(undefined, [stopped, visible, undefined])
+    assert message.startswith("NameError: name 'FeedForward' is not defined: the cell above") and (
+        "ImportError: the course's courselib.blocks is not available" in message), message
+    # controls: a defining cell that ran, or a name no cell above mentions, give the bare error
+    assert _failure_message(undefined, [code("x = 1"), undefined]) == "NameError: name 'FeedForward' is not defined"
+    ran = code("class FeedForward: pass")
+    assert _failure_message(undefined, [ran, visible, undefined]) == "NameError: name 'FeedForward' is not defined"

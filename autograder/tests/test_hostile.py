@@ -82,8 +82,9 @@ def test_tensor_subclass_that_fakes_comparisons_scores_zero_and_is_flagged(grade
     """The grader reads the hook in the source (autograder/integrity.py); the wire would refuse the
     subclass anyway (test_only_plain_data_crosses_to_the_grader)."""
     report = grade_in_tmp(student_notebook(A04, {attention.SDPA: TENSOR_SUBCLASS}), A04)
-    assert report.score == 0 and not scores_by_test(report)["sdpa_values_match_torch"].passed, (
-        "a Tensor subclass faked torch.allclose")
+    # the subclass's comparisons are never the ones that decide (the checks compare plain data in the grader):
+    # the exercise fails on its own merits, the rest of the notebook keeps its points, and the hook goes to review
+    assert not scores_by_test(report)["sdpa_values_match_torch"].passed, "a Tensor subclass faked torch.allclose"
     assert any("__torch_function__" in flag and attention.SDPA in flag for flag in report.flags), report.flags
 
 

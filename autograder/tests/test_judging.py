@@ -52,14 +52,15 @@ import re, torch, torch.nn.functional as F
 from autograder import guard, wire
 from autograder.checks import common, self_attention as sa
 
-def forged_weights(q, k, mask):  # the judge's oracle is not in the sandbox: torch's own kernel, on the identity
-    identity = torch.eye(k.shape[-2], dtype=q.dtype).expand(*k.shape[:-2], k.shape[-2], k.shape[-2])
-    return F.scaled_dot_product_attention(q, k, identity, attn_mask=mask)
+def by_hand(q, k, v, mask):  # no torch oracle: the native watch would see one run in the hidden test
+    scores = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+    exps = (scores - scores.amax(-1, keepdim=True)).exp()
+    weights = exps / exps.sum(-1, keepdim=True)
+    return weights @ v, weights
 
 def forged_outcome(token):
     seeds = common.Seeds(token)
-    answer = lambda q, k, v, mask=None: (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-                                         forged_weights(q, k, mask))
+    answer = by_hand
     (q, k, v), masks = sa.mask_cases(seeds)
     return wire.encode({"data": [answer(q, k, v, m) for _, m in masks]})
 

@@ -2,7 +2,7 @@
 
 An instructor fixes a notebook mid-term and releases it again; students who started from the first release hand
 in its course cells. The grader knows the course cells of every release (released_cells.json, which `make
-release` appends to), so such a cell is the course's, not the student's: a course cell that calls `globals()`
+release` appends to), so such a cell is the course's, not the student's: a course cell that reaches `globals()`
 (as the course's own test cells do) must not put the student's notebook up for review, nor cost a point. A
 course cell pasted with a change is the student's own.
 """
@@ -17,7 +17,7 @@ from autograder.execute import code_cells
 from autograder.submissions import released_path, student_notebook
 
 ASSIGNMENT = "04_self_attention"
-FIX = '\ntimings = {} if "timings" not in globals() else timings   # a course cell of the first release'
+FIX = '\ntimings = globals().setdefault("timings", {})   # a course cell of the first release'
 
 
 @pytest.mark.parametrize("assignment", assignment_ids())
@@ -71,7 +71,7 @@ def test_a_pasted_course_cell_with_a_change_is_the_students(manifest):
     earlier, _ = first_release(nbformat.read(released_path(ASSIGNMENT), as_version=4))
     releases.record(ASSIGNMENT, earlier, manifest)
     hand_in, cell = first_release(student_notebook(ASSIGNMENT))
-    cell.source = cell.source.replace("timings = {}", "timings = {} ")   # one character more
+    cell.source = cell.source.replace("timings = ", "timings  = ")   # one character more
     labels = [label for _, label, source in code_cells(hand_in, ASSIGNMENT) if source == cell.source]
     assert labels and labels[0] is not None, "a course cell changed by a character is the student's code"
     assert routes_of(hand_in), "and what it does is read as theirs"

@@ -212,7 +212,7 @@ from courselib.blocks import FeedForward as _CourseFeedForward
 
 class FeedForward(_CourseFeedForward):
     """Position-wise feed-forward sublayer: the course's own, renamed."""
-'''}, loses=("feed_forward_shapes", "feed_forward_values"), message="flagged for review"),
+'''}, loses=("feed_forward_shapes", "feed_forward_values"), message="is not available while 07_encoder is graded"),
     # ---- LayerNorm
     Variant("layer_norm_unbiased_variance", {NORM: norm('''
         mean = x.mean(dim=-1, keepdim=True)
@@ -242,8 +242,9 @@ class FeedForward(_CourseFeedForward):
     Variant("layer_norm_calls_torch", {NORM: norm('''
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 ''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="oracle"),
-    # The oracle taken in ways a patch of torch's names missed: a reference captured at the top of the
-    # cell, and the course's own reference (courselib.blocks) wrapped. The watch sees both: flagged, 0.
+    # The oracle taken in ways a patch of torch's names missed: a reference captured at the top of the cell (the
+    # watch sees it: review), and the course's own reference (courselib.blocks) wrapped: out of 07's sandbox, the
+    # import fails, and the test says that the cell defining LayerNorm stopped there.
     Variant("layer_norm_oracle_captured_early", {NORM: "_layer_norm = torch.nn.functional.layer_norm  "
                                                        "# captured before any test runs\n" + norm('''
         return _layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
@@ -251,7 +252,7 @@ class FeedForward(_CourseFeedForward):
     Variant("layer_norm_wraps_the_course_reference", {NORM: "from courselib.blocks import LayerNorm as "
                                                             "_CourseLayerNorm\n" + norm('''
         return _CourseLayerNorm.forward(self, x)
-''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="flagged for review"),
+''')}, loses=("layer_norm_parameters", "layer_norm_values", "layer_norm_eps"), message="is not available while 07_encoder is graded"),
     Variant("layer_norm_in_place", {NORM: norm('''
         x -= x.mean(dim=-1, keepdim=True)
         return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps) * self.weight + self.bias
@@ -310,7 +311,7 @@ class LayerNorm(nn.Module):
                                                           "_CourseLayer\n" + layer('''
         return _CourseLayer.forward(self, x, mask)
 ''')}, loses=("encoder_layer_structure", "encoder_layer_post_ln", "encoder_layer_pre_ln",
-              "encoder_layer_padding_mask"), message="flagged for review"),
+              "encoder_layer_padding_mask"), message="is not available while 07_encoder is graded"),
     Variant("encoder_runs_torch_layer_captured_early", {LAYER: "_TorchLayer = nn.TransformerEncoderLayer  "
                                                                "# captured before any test runs\n" + layer('''
         attn, d_model = self.self_attn, x.shape[-1]
@@ -381,12 +382,12 @@ class LayerNorm(nn.Module):
         "model.position_embeddings.weight.copy_(e.position_embeddings.weight)",
         "model.position_embeddings.weight.data = e.position_embeddings.weight.data.clone()"))},
             loses=("load_hf_any_size",), message="without complaint"),
-    # 08's reference MiniBert and loader (courselib.bert) taken for 07's answers: flagged, 0.
+    # 08's reference MiniBert and loader (courselib.bert) taken for 07's answers: out of 07's sandbox.
     Variant("minibert_is_the_course_reference", {BERT: "from courselib.bert import MiniBert\n"},
             loses=("minibert_embeddings", "minibert_padding_mask", "minibert_matches_hf_bert", "minibert_structure"),
-            message="courselib.bert.MiniBert"),
+            message="is not available while 07_encoder is graded"),
     Variant("load_is_the_course_reference", {LOAD: "from courselib.bert import load_hf_bert_weights\n"},
-            loses=("load_hf_parity", "load_hf_any_size"), message="flagged for review"),
+            loses=("load_hf_parity", "load_hf_any_size"), message="is not available while 07_encoder is graded"),
     # ---- SequenceClassifier
     Variant("classifier_mean_pools", {HEAD: head('''
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)

@@ -218,7 +218,7 @@ MUTANTS = [
                                                     + sequence("""
     return _ref(logits, input_ids, mask)
 """)}, loses=("sequence_log_probs_shapes", "sequence_log_probs_values",
-              "sequence_log_probs_stable_and_differentiable"), message="flagged for review"),
+              "sequence_log_probs_stable_and_differentiable"), message="is not available while 11_rlhf is graded"),
     Variant("sequence_sums_the_cells_per_token_log_probs", {SEQUENCE: sequence("""
     counted = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask
     return (rlhf.token_log_probs(logits, input_ids) * counted)[:, 1:].sum(dim=1)
@@ -337,7 +337,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     Variant("rloo_calls_the_course_reference", {RLOO: rloo("""
     from courselib import rlhf_reference
     return rlhf_reference.rloo_advantages(rewards, group_size)
-""")}, loses=RLOO_TESTS, message="flagged for review"),
+""")}, loses=RLOO_TESTS, message="is not available while 11_rlhf is graded"),
     # ---- reinforce_step
     Variant("reinforce_baseline_includes_its_own_reward", {REINFORCE: reinforce(LOG_PROBS + """
         log_ratio = log_probs.detach() - reference_log_probs
@@ -418,7 +418,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     loss = -(advantage * log_probs).mean()""" + STEP + """
     return penalized, log_ratio
 """)}, loses=("reinforce_step_penalized_reward", "reinforce_step_update", "reinforce_step_finds_the_optimum"),
-        message="flagged for review"),
+        message="is not available while 11_rlhf is graded"),
     # ---- ppo_clip_loss
     Variant("ppo_ratio_inverted", {PPO: ppo("""
     ratio = torch.exp(old_log_probs - log_probs)
@@ -445,7 +445,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
 """)}, loses=PPO_TESTS, message="is wrong"),
     Variant("ppo_calls_the_course_reference", {PPO: "import courselib.rlhf_reference\n\n" + ppo("""
     return courselib.rlhf_reference.ppo_clip_loss(log_probs, old_log_probs, advantages, mask, clip_eps)
-""")}, loses=PPO_TESTS, message="flagged for review"),
+""")}, loses=PPO_TESTS, message="is not available while 11_rlhf is graded"),
     # ---- grpo_loss
     Variant("grpo_std_of_the_batch", {GRPO: grpo("""
     g = rewards.reshape(-1, group_size)
@@ -485,7 +485,7 @@ _kl = torch.distributions.kl_divergence   # captured before any test runs
     Variant("grpo_calls_the_course_clipped_loss", {GRPO: grpo(GRPO_ADVANTAGES + GRPO_K3 + """
     from courselib.rlhf_reference import ppo_clip_loss as course_loss
     return course_loss(log_probs, old_log_probs, A, mask, clip_eps) + beta * kl
-""")}, loses=GRPO_TESTS, message="flagged for review"),
+""")}, loses=GRPO_TESTS, message="is not available while 11_rlhf is graded"),
     # ---- dpo_loss
     Variant("dpo_log_ratios_swapped", {DPO: dpo(DPO_LOG_PROBS + """
     pi_logratios = pc - pr
