@@ -33,10 +33,6 @@ TRIVIAL = re.compile(r"(import |from \S+ import |pass$|break$|continue$|else:$|t
 BARE = re.compile(r"[\w.]+(\(\))?$")   # a name, an attribute, a call without arguments: `hf.embeddings`, `model.eval()`
 ASSIGNMENT = re.compile(r"^[\w.\[\], ()*]+?\s*(?:[-+*/@|&]?=)(?!=)\s*(.+)$")
 
-# Notebooks whose hints other engineers are rewriting at the time of writing (issue 37): their cases are expected
-# to fail until those rewrites land, and are then XPASS (strict=False), which says the mark can go.
-PENDING = {"09_gpt": "09's engineer is rewriting its hints (issue 37)",
-           "12_vision_transformer": "12's engineer is writing the notebook (issue 37)"}
 
 
 def without_comment(line):
@@ -104,8 +100,7 @@ def leaks(nb):
 NOTEBOOKS = sorted(SOLUTIONS_DIR.glob("*/*.ipynb"))
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, id=p.parent.name, marks=[pytest.mark.xfail(
-    reason=PENDING[p.parent.name], strict=False)] if p.parent.name in PENDING else []) for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
 def test_no_hint_holds_a_line_of_its_answer(path):
     found = leaks(nbformat.read(path, as_version=4))
     assert not found, f"{path.parent.name}: hints that give the answer's code away:\n" + "\n".join(

@@ -211,18 +211,26 @@ def test_an_array_like_that_reads_the_expected_value_never_reaches_the_judge(gra
     assert any("Chameleon" in message for message in messages), messages
 
 
-@pytest.mark.parametrize("answers,words", [
-    ({attention.SDPA: WRAP_THE_COURSE_REFERENCE}, "courselib.attention.scaled_dot_product_attention"),
-    (ORACLE_CAPTURED_EARLY, "torch.nn.functional.scaled_dot_product_attention"),
-], ids=["wraps_courselib_attention", "captures_the_oracle_before_the_test"])
-def test_answers_taken_from_a_reference_lose_the_exercise_and_are_flagged(grade_in_tmp, judges_only, answers, words):
-    report = graded(grade_in_tmp, answers, disarm=False)  # these answers pass the visible tests
+def test_answers_taken_from_a_reference_lose_the_exercise_and_are_flagged(grade_in_tmp, judges_only):
+    words = "torch.nn.functional.scaled_dot_product_attention"
+    report = graded(grade_in_tmp, ORACLE_CAPTURED_EARLY, disarm=False)  # these answers pass the visible tests
     tests = scores_by_test(report)
     for grade_id in SDPA_TESTS:
         assert not tests[grade_id].passed, f"{grade_id} passed with an answer taken from {words}"
     assert "flagged for review" in tests["sdpa_values_match_torch"].message
     flagged = [flag for flag in report.flags if words in flag]
     assert flagged, report.flags
+
+
+def test_the_course_reference_of_the_exercise_is_not_there_to_take(grade_in_tmp, judges_only):
+    """courselib.attention holds 04's answers: out of 04's sandbox (autograder/answers.py), the import that wraps
+    it fails, and the tests say so."""
+    report = graded(grade_in_tmp, {attention.SDPA: WRAP_THE_COURSE_REFERENCE}, disarm=False)
+    tests = scores_by_test(report)
+    for grade_id in SDPA_TESTS:
+        assert not tests[grade_id].passed, f"{grade_id} passed with an answer taken from courselib.attention"
+    assert "courselib.attention is not available while 04_self_attention is graded" in (
+        tests["sdpa_values_match_torch"].message), tests["sdpa_values_match_torch"].message
 
 
 def test_a_fake_integrity_report_is_caught(grade_in_tmp):

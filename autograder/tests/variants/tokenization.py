@@ -405,12 +405,15 @@ _tokenize = BPE.tokenize   # the compiled Model.tokenize, captured now
     return [token.value for token in _tokenize(model, word)]
 """)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
             message="flagged for review"),
-    # A correct answer in a cell that also imports the grader's own module: the notebook scores 0, flagged.
+    # The grader's own oracle (the hidden checks' module is importable in the kernel, since its probes run there):
+    # an answer that calls it is taken, whatever the check's list of oracles says.
     Variant("encode_with_the_hidden_checks_reference", {ENCODE: """
 import autograder.checks.tokenization as grader_checks
 
-""" + encode(ENCODE_BY_REPLAYING_MERGES)}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
-            message="flagged for review"),
+""" + encode("""
+    return grader_checks.oracle_encode([word], merges)[word]
+""")}, loses=("bpe_encode_known_words", "bpe_encode_matches_tokenizers", "bpe_encode_applies_merges_by_priority"),
+            message="grader_checks"),
     Variant("wordpiece_from_transformers_legacy_python", {WORDPIECE: """
 from transformers.models.bert.tokenization_bert_legacy import WordpieceTokenizer as _Wordpiece
 
@@ -426,7 +429,7 @@ def split_words(text):
     return list(_words_of([text]))
 """)},
             loses=("bert_encode_batch_shapes", "bert_encode_batch_ids", "bert_encode_batch_padding_and_mask"),
-            message="flagged for review"),
+            message="is not available while 01_tokenization is graded"),
     # ---- bytes_to_unicode
     Variant("byte_table_chr_256_plus_byte", {TABLE: table("""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
