@@ -259,12 +259,25 @@ class NativeWatch:
             self._ask("close", timeout=10)
 
     def _ask(self, what, argument=None, timeout=30):
+        """The tracer thread's answer. A tracer that has ended (its kernel gone: the grader kills it after the last
+        cell) answers nothing more, so waiting stops with it instead of running out the timeout."""
         answer = queue.Queue(maxsize=1)
         self.requests.put((what, argument, answer))
-        try:
-            result = answer.get(timeout=timeout)
-        except queue.Empty:
-            raise Unavailable(f"the native watch of pid {self.pid} did not answer") from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                result = answer.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    self._drain_requests()     # what came after its last look
+                    with contextlib.suppress(queue.Empty):
+                        result = answer.get_nowait()
+                        break
+                    if what == "close":
+                        return None
+                if time.monotonic() > deadline or not self.thread.is_alive():
+                    raise Unavailable(f"the native watch of pid {self.pid} did not answer") from None
         if isinstance(result, BaseException):
             raise result
         return result
