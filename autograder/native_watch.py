@@ -270,13 +270,10 @@ class NativeWatch:
                 break
             except queue.Empty:
                 if not self.thread.is_alive():
-                    self._drain_requests()     # what came after its last look
-                    with contextlib.suppress(queue.Empty):
-                        result = answer.get_nowait()
-                        break
-                    if what == "close":
-                        return None
-                if time.monotonic() > deadline or not self.thread.is_alive():
+                    self._drain_requests()     # answers what came after the tracer's last look, this request too
+                    result = answer.get_nowait()
+                    break
+                if time.monotonic() > deadline:
                     raise Unavailable(f"the native watch of pid {self.pid} did not answer") from None
         if isinstance(result, BaseException):
             raise result
