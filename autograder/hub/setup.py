@@ -20,6 +20,7 @@ with ~/.jupyter/nbgrader_config.py pointing formgrader at both.
 import contextlib
 import dataclasses
 import grp
+import hashlib
 import json
 import os
 import pathlib
@@ -50,8 +51,9 @@ INSTRUCTOR_ONLY_LAB = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create
                        "@jupyter/nbgrader:course-list"]
 # A classroom's lab asks nobody about Jupyter's news and fetches nothing from jupyter.org.
 LAB_DEFAULTS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
-# Login shells (`su -`, ssh) of the class's users find the course's Python through this file (teardown removes it).
-PROFILE_SCRIPT = pathlib.Path("/etc/profile.d/transformers-course.sh")
+# Login shells (`su -`, ssh) of the class's users find the course's Python through a file here, one per hub
+# (teardown removes its own, never another hub's on the same machine).
+PROFILE_FOLDER = pathlib.Path("/etc/profile.d")
 SERVICE_NAME = "transformers-course-hub"
 
 
@@ -245,8 +247,9 @@ def remove(settings_dir):
         for parent in limits.parents().values():
             with contextlib.suppress(OSError):
                 (parent / user).rmdir()
-    if created.get("profile") and PROFILE_SCRIPT.exists():
-        PROFILE_SCRIPT.unlink()
+    if isinstance(created.get("profile"), str):
+        with contextlib.suppress(FileNotFoundError):
+            pathlib.Path(created["profile"]).unlink()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -415,15 +418,22 @@ fi
 """
 
 
+def login_profile(settings):
+    """This hub's file in /etc/profile.d, named after its folder: two hubs on one machine keep one each."""
+    key = hashlib.sha256(str(pathlib.Path(settings.root).resolve()).encode()).hexdigest()[:8]
+    return PROFILE_FOLDER / f"transformers-course-{key}.sh"
+
+
 def write_login_profile(settings):
-    """/etc/profile.d/transformers-course.sh, where the machine has that folder; returns whether it wrote it."""
-    if not PROFILE_SCRIPT.parent.is_dir():
-        return False
-    PROFILE_SCRIPT.write_text(LOGIN_PROFILE.format(
+    """This hub's login profile, where the machine has /etc/profile.d; returns its path (None if not written)."""
+    if not PROFILE_FOLDER.is_dir():
+        return None
+    script = login_profile(settings)
+    script.write_text(LOGIN_PROFILE.format(
         students=settings.student_group, instructors=settings.instructor_group, checkout_env=CHECKOUT_ENV,
         checkout=settings.checkout, hub_env=HUB_DIR_ENV, hub=settings.root, bin=pathlib.Path(sys.prefix) / "bin"))
-    PROFILE_SCRIPT.chmod(0o644)
-    return True
+    script.chmod(0o644)
+    return str(script)
 
 
 SERVICE_UNIT = """\

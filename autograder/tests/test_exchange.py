@@ -297,3 +297,18 @@ def test_a_login_shell_finds_the_course(course):
     assert f"course={course.settings.checkout}" in output, output
     python = pathlib.Path(sys.prefix) / "bin"
     assert str(python / "nbgrader") in output or "reachable in the hub's terminals only" in output, output
+
+
+def test_tearing_down_another_hub_leaves_this_hubs_login_profile(course, tmp_path):
+    """Two hubs on one machine (here: this class and the suite's other hubs) each keep their own profile file;
+    one hub's teardown removes its file only (one shared file made a login shell lose the course mid-class)."""
+    other = hub_setup.Settings(dir=str(tmp_path / "other-hub"))
+    (other.state).mkdir(parents=True)
+    written = hub_setup.write_login_profile(other)
+    assert written and pathlib.Path(written).exists(), "setup writes a profile for the other hub"
+    (other.state / "created.json").write_text(json.dumps({"users": [], "groups": [], "profile": written}))
+    mine = hub_setup.login_profile(course.settings)
+    assert mine.exists() and mine != pathlib.Path(written), (mine, written)
+    hub_setup.remove(other.dir)
+    assert not pathlib.Path(written).exists(), "the other hub's teardown removes its own profile"
+    assert mine.exists(), "another hub's teardown removed this hub's login profile"
