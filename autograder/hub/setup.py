@@ -54,6 +54,7 @@ LAB_DEFAULTS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "fa
 # Login shells (`su -`, ssh) of the class's users find the course's Python through a file here, one per hub
 # (teardown removes its own, never another hub's on the same machine).
 PROFILE_FOLDER = pathlib.Path("/etc/profile.d")
+LEGACY_PROFILE = PROFILE_FOLDER / "transformers-course.sh"
 SERVICE_NAME = "transformers-course-hub"
 
 
@@ -247,9 +248,10 @@ def remove(settings_dir):
         for parent in limits.parents().values():
             with contextlib.suppress(OSError):
                 (parent / user).rmdir()
-    if isinstance(created.get("profile"), str):
+    profile = created.get("profile")
+    if profile:  # its path; `true` from a setup before profiles were one per hub: the one shared file
         with contextlib.suppress(FileNotFoundError):
-            pathlib.Path(created["profile"]).unlink()
+            (pathlib.Path(profile) if isinstance(profile, str) else LEGACY_PROFILE).unlink()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -374,6 +376,8 @@ def setup(roster_path, folder=DEFAULT_DIR, ip="127.0.0.1", port=8000, assignment
     for name in settings.instructors:
         prepare_instructor(settings, name)
     prepare_exchange(settings, created)
+    if created.get("profile") is True:  # set up before profiles were one per hub: its file is the shared one
+        LEGACY_PROFILE.unlink(missing_ok=True)
     created["profile"] = write_login_profile(settings)
     created_file.write_text(json.dumps(created, indent=2) + "\n")
     write_service_unit(settings)

@@ -312,3 +312,10 @@ def test_tearing_down_another_hub_leaves_this_hubs_login_profile(course, tmp_pat
     hub_setup.remove(other.dir)
     assert not pathlib.Path(written).exists(), "the other hub's teardown removes its own profile"
     assert mine.exists(), "another hub's teardown removed this hub's login profile"
+    # a hub set up before profiles were one per hub recorded `true` for the one shared file: its teardown removes that
+    (other.state).mkdir(parents=True)
+    hub_setup.LEGACY_PROFILE.write_text("# a profile from an earlier setup\n")
+    (other.state / "created.json").write_text(json.dumps({"users": [], "groups": [], "profile": True}))
+    hub_setup.remove(other.dir)
+    assert not hub_setup.LEGACY_PROFILE.exists(), "an earlier hub's teardown left its shared profile behind"
+    assert mine.exists(), "an earlier hub's teardown removed this hub's login profile"
