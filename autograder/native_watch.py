@@ -376,8 +376,8 @@ class NativeWatch:
         while True:
             tid = _libc().waitpid(-self.group, ctypes.byref(status), WALL | WNOHANG)
             if tid <= 0:
-                if tid < 0 and ctypes.get_errno() == errno.ECHILD:
-                    self.threads.clear()   # every traced thread has ended
+                if (tid < 0 and ctypes.get_errno() == errno.ECHILD) or not os.path.exists(f"/proc/{self.pid}"):
+                    self.threads.clear()   # every traced thread has ended (or its parent reaped the process first)
                 return
             value = status.value
             if os.WIFEXITED(value) or os.WIFSIGNALED(value):

@@ -729,8 +729,9 @@ def test_a_memory_bomb_is_stopped_in_its_own_cgroup():
 
 
 def test_a_busy_loop_gets_its_cpu_share_and_no_more():
-    """A cgroup with 0.2 CPU: a second of busy looping (by the wall clock) gets about 0.2 s of CPU; control: about
-    a whole second outside it."""
+    """A cgroup with 0.2 CPU: a busy loop needs at least 1.8 s of wall time to use 0.4 s of CPU there (at most 0.2 s
+    of CPU per second; other load can only make it slower, never faster). Control: outside it the same 0.4 s of CPU
+    takes less wall time than that (the fastest of a few tries, so that a moment of load elsewhere does not decide)."""
     if os.geteuid() != 0:
         pytest.skip("cgroups are made by root (the hub runs as root)")
     from autograder.hub import limits
@@ -740,13 +741,21 @@ def test_a_busy_loop_gets_its_cpu_share_and_no_more():
     folders = limits.prepare(user, limits.Limits(memory_bytes=2**30, cpus=0.2, pids=64))
     if not folders:
         pytest.skip(f"this machine lets root limit no CPU: {limits.describe()}")
-    spin = ("import time, resource, sys\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n"
-            "sys.exit(int(100 * resource.getrusage(resource.RUSAGE_SELF).ru_utime))")
+    cpu_seconds, share = 0.4, 0.2
+    least_wall = 0.9 * cpu_seconds / share     # one period's burst of slack
+    spin = ("import time, resource, sys\nstart = time.monotonic()\n"
+            "used = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])\nbase = used()\n"
+            f"while used() - base < {cpu_seconds} and time.monotonic() - start < 60: pass\n"
+            "sys.exit(min(255, int(10 * (time.monotonic() - start))))")
     try:
-        inside = _run_in_cgroup(folders, spin) / 100
-        outside = _run_in_cgroup([], spin) / 100
-        assert inside < 0.45 < outside * 0.9 or inside < 0.5 * outside, (
-            f"CPU in a second: {inside:.2f} s in the 0.2-CPU cgroup against {outside:.2f} s outside")
+        inside = _run_in_cgroup(folders, spin) / 10
+        assert inside >= least_wall, (
+            f"{cpu_seconds} s of CPU took {inside:.1f} s of wall time in a {share}-CPU cgroup: the cap would make it "
+            f"at least {least_wall:.1f} s, so the cgroup's cpu.max is not applied")
+        outside = min(_run_in_cgroup([], spin) / 10 for _ in range(3))
+        assert outside < least_wall, (
+            f"control: outside the cgroup {cpu_seconds} s of CPU took {outside:.1f} s of wall time at best (3 tries), "
+            "so this measurement cannot tell the cap from the machine's load")
     finally:
         for folder in folders:
             with contextlib.suppress(OSError):

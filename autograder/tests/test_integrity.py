@@ -602,8 +602,9 @@ def test_closing_the_watch_of_a_kernel_already_gone_does_not_wait():
     from autograder import native_watch
     if not native_watch.available()[0]:
         pytest.skip(f"processes cannot be traced here: {native_watch.available()[1]}")
+    # a process group of its own, as jupyter_client starts a kernel (the watch waits on the kernel's group)
     child = subprocess.Popen([sys.executable, "-u", "-c", "import torch; print('ready'); input()"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert child.stdout.readline().strip() == "ready"
     watch = native_watch.NativeWatch(child.pid)
     child.kill()
